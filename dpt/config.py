@@ -1,0 +1,229 @@
+"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+
+The YAML files under `conf/` extend these schemas (`defaults: [/schema/<group>/<name>@_here_]`), so
+OmegaConf rejects an unknown key or a value of the wrong type while Hydra composes the config.
+Ranges that a type cannot express (`trainer.batch_size=0`) are checked by `validate`, which runs
+from a Hydra callback before Hydra makes the run folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from dpt.errors import ConfigError
+
+
+@dataclass
+class TrainerConfig:
+    epochs: int = 3
+    max_steps: int | None = None
+    batch_size: int = 64
+    seed: int = 0
+    log_every_n_steps: int = 10
+    device: str = "auto"
+    timeout_s: float = 300.0
+
+
+@dataclass
+class MLPConfig:
+    _target_: str = "dpt.models.mlp.MLP"
+    hidden_dims: list[int] = field(default_factory=lambda: [256, 256])
+
+
+@dataclass
+class SyntheticConfig:
+    _target_: str = "dpt.data.synthetic.SyntheticData"
+    num_samples: int = 8192
+    num_val_samples: int = 1024
+    input_dim: int = 32
+    num_classes: int = 10
+    num_workers: int = 0
+
+
+@dataclass
+class SingleConfig:
+    _target_: str = "dpt.strategy.Single"
+
+
+@dataclass
+class DPConfig:
+    _target_: str = "dpt.strategy.DataParallel"
+
+
+@dataclass
+class DDPConfig:
+    _target_: str = "dpt.strategy.DDP"
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+
+
+@dataclass
+class LocalLauncherConfig:
+    _target_: str = "dpt.launch.LocalLauncher"
+    # A string so that both `auto` and a number fit; `validate` checks it.
+    nproc_per_node: str = "auto"
+    max_restarts: int = 0
+
+
+@dataclass
+class TorchrunLauncherConfig:
+    _target_: str = "dpt.launch.TorchrunLauncher"
+
+
+@dataclass
+class AdamConfig:
+    _target_: str = "torch.optim.Adam"
+    _partial_: bool = True
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+
+
+@dataclass
+class AdamWConfig:
+    _target_: str = "torch.optim.AdamW"
+    _partial_: bool = True
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+
+
+@dataclass
+class SGDConfig:
+    _target_: str = "torch.optim.SGD"
+    _partial_: bool = True
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+
+@dataclass
+class Config:
+    model: Any = MISSING
+    dataset: Any = MISSING
+    strategy: Any = MISSING
+    launcher: Any = MISSING
+    optimizer: Any = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+SCHEMAS: dict[str, dict[str, type]] = {
+    "model": {"mlp": MLPConfig},
+    "dataset": {"synthetic": SyntheticConfig},
+    "strategy": {"single": SingleConfig, "dp": DPConfig, "ddp": DDPConfig},
+    "launcher": {"local": LocalLauncherConfig, "torchrun": TorchrunLauncherConfig},
+    "optimizer": {"adam": AdamConfig, "adamw": AdamWConfig, "sgd": SGDConfig},
+}
+
+
+def register_configs() -> None:
+    """Store the schemas under `schema/`, out of sight of the user-facing group listings."""
+    cs = ConfigStore.instance()
+    cs.store(name="schema", node=Config)
+    for group, options in SCHEMAS.items():
+        for name, node in options.items():
+            cs.store(group=f"schema/{group}", name=name, node=node)
+
+
+# --- range checks that types cannot express -------------------------------------------------------
+
+DEVICES = ("auto", "cuda", "mps", "cpu")
+
+
+def _check(ok: bool, key: str, value: Any, requirement: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value}: {requirement}")
+
+
+def parse_nproc(value: str) -> int | None:
+    """`auto` -> None; a positive integer -> itself; anything else -> ConfigError."""
+    if value == "auto":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(
+            f"launcher.nproc_per_node={value}: expected 'auto' or a whole number >= 1"
+        )
+    return int(value)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Reject out-of-range values with a one-line message that names the key."""
+    _check_known_keys(cfg)
+    t = cfg.trainer
+    _check(t.epochs >= 1, "trainer.epochs", t.epochs, "must be >= 1")
+    _check(
+        t.max_steps is None or t.max_steps >= 1,
+        "trainer.max_steps",
+        t.max_steps,
+        "must be >= 1 or null (run all epochs)",
+    )
+    _check(t.batch_size >= 1, "trainer.batch_size", t.batch_size, "must be >= 1")
+    _check(
+        t.log_every_n_steps >= 1, "trainer.log_every_n_steps", t.log_every_n_steps, "must be >= 1"
+    )
+    _check(t.seed >= 0, "trainer.seed", t.seed, "must be >= 0")
+    _check(t.device in DEVICES, "trainer.device", t.device, f"must be one of {', '.join(DEVICES)}")
+    _check(t.timeout_s > 0, "trainer.timeout_s", t.timeout_s, "must be > 0")
+    _validate_group(
+        cfg.dataset,
+        "dataset",
+        {
+            "num_samples": 1,
+            "input_dim": 1,
+            "num_classes": 2,
+            "num_workers": 0,
+            "num_val_samples": 0,
+        },
+    )
+    _validate_group(cfg.optimizer, "optimizer", {"lr": 0.0, "weight_decay": 0.0, "momentum": 0.0})
+    if "hidden_dims" in cfg.model:
+        for dim in cfg.model.hidden_dims:
+            _check(
+                dim >= 1,
+                "model.hidden_dims",
+                list(cfg.model.hidden_dims),
+                "every width must be >= 1",
+            )
+    if "nproc_per_node" in cfg.launcher:
+        parse_nproc(cfg.launcher.nproc_per_node)
+    if "max_restarts" in cfg.launcher:
+        _check(
+            cfg.launcher.max_restarts >= 0,
+            "launcher.max_restarts",
+            cfg.launcher.max_restarts,
+            "must be >= 0",
+        )
+    if "bucket_cap_mb" in cfg.strategy:
+        _check(
+            cfg.strategy.bucket_cap_mb > 0,
+            "strategy.bucket_cap_mb",
+            cfg.strategy.bucket_cap_mb,
+            "must be > 0",
+        )
+
+
+def _check_known_keys(cfg: DictConfig) -> None:
+    """`+trainer.typo=1` slips past the schema (`+` may add keys); an unused key is still a typo."""
+    for path, node in [("", cfg), *((f"{name}.", cfg[name]) for name in ("trainer", *SCHEMAS))]:
+        schema = OmegaConf.get_type(node)
+        if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+            continue
+        allowed = [f.name for f in dataclasses.fields(schema)]
+        for key in node:
+            if key not in allowed and key != "hydra":
+                names = ", ".join(a for a in allowed if not a.startswith("_"))
+                raise ConfigError(f"{path}{key}: unknown key; allowed keys: {names}")
+
+
+def _validate_group(node: DictConfig, group: str, minimums: dict[str, float]) -> None:
+    for key, minimum in minimums.items():
+        if key in node and node[key] is not None:
+            _check(node[key] >= minimum, f"{group}.{key}", node[key], f"must be >= {minimum:g}")

@@ -1,0 +1,120 @@
+"""Where this process stands in the world: rank, device, backend, and the process group."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dpt.errors import DptError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 or dist.is_initialized()
+
+    @property
+    def backend(self) -> str:
+        # NCCL only talks to CUDA tensors; Gloo covers CPU (and MPS tensors staged via CPU).
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
+def available_accelerator() -> str:
+    """CUDA, then MPS, then CPU."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if _mps_available():
+        return "mps"
+    return "cpu"
+
+
+def select_device(requested: str, local_rank: int) -> torch.device:
+    """`auto` falls back CUDA -> MPS -> CPU; an explicit choice must be available."""
+    kind = available_accelerator() if requested == "auto" else requested
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise DptError("trainer.device=cuda: no CUDA device is visible")
+        if local_rank >= torch.cuda.device_count():
+            raise DptError(
+                f"local rank {local_rank} has no GPU: only {torch.cuda.device_count()} visible"
+            )
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    if kind == "mps" and not _mps_available():
+        raise DptError("trainer.device=mps: MPS is not available on this machine")
+    return torch.device(kind)
+
+
+def env_from_environment(requested_device: str) -> DistEnv:
+    """Read the torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, ...); absent = one process."""
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    device = select_device(requested_device, local_rank)
+    return DistEnv(rank, local_rank, world_size, local_world_size, device)
+
+
+def init_process_group(env: DistEnv, timeout_s: float) -> None:
+    """Join the world described by MASTER_ADDR/MASTER_PORT (env://)."""
+    if env.world_size == 1:
+        return
+    kwargs: dict[str, Any] = {"backend": env.backend, "timeout": timedelta(seconds=timeout_s)}
+    if env.device.type == "cuda":
+        kwargs["device_id"] = env.device  # binds NCCL communicators eagerly to this GPU
+    dist.init_process_group(**kwargs)
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def broadcast_object(obj: Any, env: DistEnv) -> Any:
+    """Rank 0's value on every rank (identity in a single process)."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, device=env.device if env.backend == "nccl" else None)
+    return box[0]
+
+
+def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
+    """Sum a few floats over all ranks (one collective)."""
+    if not dist.is_initialized():
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device(env))
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_reduce_max(values: list[float], env: DistEnv) -> list[float]:
+    if not dist.is_initialized():
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device(env))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _comm_device(env: DistEnv) -> torch.device:
+    return env.device if env.backend == "nccl" else torch.device("cpu")

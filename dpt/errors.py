@@ -1,0 +1,68 @@
+"""Errors a user can act on: printed as one line, without a traceback."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+
+class DptError(Exception):
+    """A problem with the user's input or environment, reported as a single line."""
+
+
+class ConfigError(DptError):
+    """A config value is out of range or inconsistent; the message names the key."""
+
+
+class Abort(BaseException):
+    """Carries a DptError past Hydra's own handling, to be printed as one line by `dpt.cli`.
+
+    Hydra turns an `Exception` raised by a callback into a warning and runs the job anyway, and
+    prefixes a failed job's error with a line of its own; a `BaseException` passes through both.
+    """
+
+    def __init__(self, error: DptError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def one_line(error: BaseException) -> str:
+    """Hydra and OmegaConf messages span many lines; keep what names the key and the problem."""
+    cause = error.__cause__
+    if isinstance(error, OmegaConfBaseException):
+        return _omegaconf_line(error)
+    if isinstance(cause, OmegaConfBaseException):
+        return _omegaconf_line(cause)
+    text = str(error)
+    options = re.search(
+        r"Could not find '([^']+)'\s+Available options in '([^']+)':(.*?)"
+        r"(Config search path|$)",
+        text,
+        re.S,
+    )
+    if options:
+        choices = ", ".join(options.group(3).split())
+        return (
+            f"no config '{options.group(1)}'; available options in '{options.group(2)}': {choices}"
+        )
+    lines = [ln.strip() for ln in text.splitlines()]
+    kept = [ln for ln in lines if ln and not ln.startswith(("See https://", "Config search path"))]
+    return " ".join(kept).split(" provider=")[0]
+
+
+def _omegaconf_line(error: OmegaConfBaseException) -> str:
+    key = getattr(error, "full_key", None) or "config"
+    message = str(getattr(error, "msg", None) or error).splitlines()[0].strip()
+    if isinstance(error, ConfigAttributeError | ConfigKeyError) and "not in" in message:
+        allowed = _fields(getattr(error, "object_type", None))
+        hint = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
+        return f"{key}: unknown key{hint}"
+    return f"{key}: {message}"
+
+
+def _fields(object_type: object) -> list[str]:
+    if isinstance(object_type, type) and dataclasses.is_dataclass(object_type):
+        return [f.name for f in dataclasses.fields(object_type) if not f.name.startswith("_")]
+    return []

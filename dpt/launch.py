@@ -1,0 +1,157 @@
+"""How the workers start: in this process, through PyTorch's elastic launcher, or under torchrun.
+
+The config is composed once, by Hydra, in the process the user started; workers receive the
+resolved config and the run folder as arguments. No rank re-runs `sys.argv` through Hydra, so
+there is one run folder per job and a multirun never restarts itself inside a worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+
+from dpt.config import parse_nproc
+from dpt.errors import DptError
+from dpt.worker import run_worker
+
+log = logging.getLogger("dpt")
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def is_distributed(cfg: DictConfig) -> bool:
+    return bool(get_class(cfg.strategy._target_).distributed)
+
+
+def resolved(cfg: DictConfig) -> dict[str, Any]:
+    container = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(container, dict)
+    return container
+
+
+class LocalLauncher:
+    """Workers on this machine: ddp through `elastic_launch`, everything else in this process."""
+
+    def __init__(self, nproc_per_node: str = "auto", max_restarts: int = 0) -> None:
+        self.nproc_per_node = nproc_per_node
+        self.max_restarts = max_restarts
+
+    def run(self, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            raise DptError("this process was started by torchrun: add launcher=torchrun")
+        if not is_distributed(cfg):
+            return run_worker(resolved(cfg), str(run_dir))
+        nproc = self.processes(cfg.trainer.device)
+        log.info(f"starting {nproc} ddp workers through torch.distributed's elastic launcher")
+        return launch_local_world(
+            resolved(cfg), run_dir, nproc, self.max_restarts, cfg.trainer.timeout_s
+        )
+
+    def processes(self, device: str) -> int:
+        """`auto`: one per visible GPU, or 2 on a machine without one."""
+        requested = parse_nproc(self.nproc_per_node)
+        gpus = torch.cuda.device_count() if device in ("auto", "cuda") else 0
+        if requested is None:
+            return gpus or 2
+        if gpus and requested > gpus:
+            raise DptError(
+                f"launcher.nproc_per_node={requested}: only {gpus} GPU(s) visible; use at most "
+                f"{gpus}, or trainer.device=cpu"
+            )
+        return requested
+
+
+def launch_local_world(
+    cfg_dict: dict[str, Any], run_dir: Path, nproc: int, max_restarts: int, timeout_s: float
+) -> dict[str, Any]:
+    """One single-node world through torchrun's engine; returns rank 0's summary."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"dpt-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        # Port 0: the OS picks a free port, so two runs (or two multirun jobs) never collide.
+        rdzv_endpoint="127.0.0.1:0",
+        rdzv_configs={"timeout": int(timeout_s)},
+        max_restarts=max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    with restored_environ():
+        try:
+            results = elastic_launch(config, run_worker)(cfg_dict, str(run_dir))
+        except ChildFailedError as failed:
+            raise DptError(describe_failure(failed, run_dir)) from failed
+    return results[0]
+
+
+def describe_failure(failed: Any, run_dir: Path) -> str:
+    """One line naming the first rank that failed and its error (from torchelastic's error file)."""
+    rank, failure = failed.get_first_failure()
+    message = str(failure.message or f"exit code {failure.exitcode}")
+    if isinstance(failure.message, str) and failure.message.startswith("To enable traceback"):
+        message = f"exit code {failure.exitcode}" + (
+            f" (signal {failure.signal_name()})" if failure.exitcode < 0 else ""
+        )
+    for prefix in ("DptError: ", "ConfigError: "):
+        message = message.removeprefix(prefix)
+    return f"rank {rank} failed: {message.strip()} (log: {run_dir / 'logs' / f'rank{rank}.log'})"
+
+
+class TorchrunLauncher:
+    """torchrun started this process; only its rank 0 runs Hydra (see `follow_torchrun`)."""
+
+    def run(self, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+        require_torchrun_env()
+        return run_worker(resolved(cfg), str(run_dir))
+
+
+def require_torchrun_env() -> None:
+    missing = [name for name in TORCHRUN_VARS if name not in os.environ]
+    if missing:
+        raise DptError(
+            f"launcher=torchrun: {', '.join(missing)} not set; start with "
+            "`torchrun --nproc_per_node=N train.py launcher=torchrun ...`, or use launcher=local"
+        )
+
+
+def is_torchrun_follower() -> bool:
+    """A non-zero rank under torchrun: it must not run Hydra (no second run folder)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "0") != "0"
+
+
+def follow_torchrun(conf_dir: Path, overrides: list[str]) -> None:
+    """Compose the config without Hydra's run machinery and join rank 0's world and run folder."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    if get_class(cfg.launcher._target_) is not TorchrunLauncher:
+        raise DptError("this process was started by torchrun: add launcher=torchrun")
+    run_worker(resolved(cfg), run_dir="")  # rank 0 broadcasts its config and folder
+
+
+@contextlib.contextmanager
+def restored_environ() -> Iterator[None]:
+    """Leave no MASTER_PORT, RANK, ... behind for the next job of a multirun."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

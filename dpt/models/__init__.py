@@ -1,0 +1,26 @@
+"""Models, built from the `model` config with sizes taken from the dataset."""
+
+from __future__ import annotations
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from torch import nn
+
+
+def build_model(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    model = instantiate(cfg, input_shape=tuple(input_shape), num_classes=num_classes)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model._target_ built a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module inside DataParallel / DistributedDataParallel / torch.compile."""
+    while True:
+        if isinstance(model, nn.DataParallel | nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+            model = model._orig_mod
+        else:
+            return model

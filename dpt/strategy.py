@@ -1,0 +1,81 @@
+"""How the model is spread over devices: single, DataParallel, DistributedDataParallel."""
+
+from __future__ import annotations
+
+import logging
+from typing import ClassVar
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from dpt.distributed import DistEnv
+
+log = logging.getLogger("dpt")
+
+
+class Strategy:
+    """Wraps the model; `distributed` strategies run one process per device."""
+
+    name: ClassVar[str] = "single"
+    distributed: ClassVar[bool] = False
+
+    def wrap(self, model: nn.Module, env: DistEnv) -> nn.Module:
+        return model
+
+    def global_batch(self, batch_size: int, env: DistEnv) -> int:
+        """Samples per optimizer step over the whole world (before gradient accumulation)."""
+        return batch_size * env.world_size
+
+
+class Single(Strategy):
+    name = "single"
+
+
+class DataParallel(Strategy):
+    """One process; `batch_size` is the whole batch, which DataParallel splits over the GPUs."""
+
+    name = "dp"
+
+    def wrap(self, model: nn.Module, env: DistEnv) -> nn.Module:
+        gpus = torch.cuda.device_count() if env.device.type == "cuda" else 0
+        if gpus < 2:
+            log.warning(
+                "strategy=dp: %d GPU(s) on %s, DataParallel needs 2 or more; running as single",
+                gpus,
+                env.device.type,
+            )
+            return model
+        return nn.DataParallel(model)
+
+
+class DDP(Strategy):
+    """One process per device; `batch_size` is per process; gradients are all-reduced in buckets."""
+
+    name = "ddp"
+    distributed = True
+
+    def __init__(
+        self,
+        bucket_cap_mb: float = 25.0,
+        gradient_as_bucket_view: bool = True,
+        static_graph: bool = False,
+        find_unused_parameters: bool = False,
+    ) -> None:
+        self.bucket_cap_mb = bucket_cap_mb
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.static_graph = static_graph
+        self.find_unused_parameters = find_unused_parameters
+
+    def wrap(self, model: nn.Module, env: DistEnv) -> nn.Module:
+        if not torch.distributed.is_initialized():
+            return model  # a world of one: nothing to synchronise
+        return DistributedDataParallel(
+            model,
+            device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            bucket_cap_mb=self.bucket_cap_mb,
+            # Gradients live in the communication buckets: one copy less per step.
+            gradient_as_bucket_view=self.gradient_as_bucket_view,
+            static_graph=self.static_graph,
+            find_unused_parameters=self.find_unused_parameters,
+        )

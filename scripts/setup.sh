@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create ./.venv and install dpt with its test tools, from nothing.
+#
+# torch and torchvision are installed first as a known-good matching pair (torchvision's compiled
+# ops must match torch's build); pyproject.toml itself only asks for ranges, so an existing
+# environment with e.g. torch 2.11 / torchvision 0.26 works too. Override with DPT_TORCH_SPEC.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+torch_spec=${DPT_TORCH_SPEC:-"torch==2.14.1 torchvision==0.29.1"}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+# shellcheck disable=SC2086  # the spec is a list of requirements
+.venv/bin/pip install --quiet --disable-pip-version-check $torch_spec
+.venv/bin/pip install --quiet --disable-pip-version-check -e ".[dev]"
+echo "dpt installed in $(pwd)/.venv"

@@ -1,0 +1,203 @@
+"""`python train.py` on single, dp and ddp, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from dpt.models.mlp import MLP
+from tests.helpers import FAST, REPO, TRAIN, load_weights, max_abs_diff, run_cmd, train
+
+STEPS = 20
+RANK_TAGS = {"train/loss", "train/samples_per_s", "time/step_s", "time/data_s", "optim/lr"}
+WORLD_TAGS = {"train/loss", "train/samples_per_s"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """ddp on 2 ranks with batch 32 and single with batch 64, 20 steps each, SGD and Adam."""
+    root = tmp_path_factory.mktemp("e2e")
+    out: dict[str, Path] = {}
+    for opt in ("sgd", "adam"):
+        common = [*FAST, f"optimizer={opt}", f"trainer.max_steps={STEPS}", "trainer.seed=3"]
+        out[f"single-{opt}"] = root / f"single-{opt}"
+        train(out[f"single-{opt}"], *common, "trainer.batch_size=64")
+        out[f"ddp-{opt}"] = root / f"ddp-{opt}"
+        train(
+            out[f"ddp-{opt}"],
+            *common,
+            "strategy=ddp",
+            "trainer.batch_size=32",
+            "launcher.nproc_per_node=2",
+        )
+    return out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_ddp_two_ranks_equals_single_with_the_global_batch(runs: dict[str, Path], opt: str) -> None:
+    single, ddp = load_weights(runs[f"single-{opt}"]), load_weights(runs[f"ddp-{opt}"])
+    assert max_abs_diff(single, ddp) < 1e-5
+    # ... and training moved the weights: the comparison is not between two initialisations.
+    torch.manual_seed(3)
+    init = MLP((32,), 10, [256, 256]).state_dict()
+    assert max_abs_diff(init, ddp) > 1e-3
+    assert json.loads((runs[f"ddp-{opt}"] / "metrics.json").read_text())["steps"] == STEPS
+
+
+@pytest.mark.timeout(300)
+def test_metrics_json_and_model_written_by_rank_0(runs: dict[str, Path]) -> None:
+    metrics = json.loads((runs["ddp-adam"] / "metrics.json").read_text())
+    assert metrics["world_size"] == 2
+    assert metrics["global_batch_size"] == 64
+    assert metrics["steps"] == STEPS
+    assert metrics["samples"] == STEPS * 64
+    assert metrics["samples_per_s"] > 0 and metrics["wall_time_s"] > 0
+    assert math.isfinite(metrics["final_loss"])
+    assert set(metrics["val"]) == {"val/loss", "val/acc1", "val/acc5"}
+    state = torch.load(runs["ddp-adam"] / "model.pt", weights_only=True)
+    assert not any(k.startswith("module.") for k in state)  # the unwrapped model
+
+
+def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+@pytest.mark.timeout(300)
+def test_tensorboard_has_every_rank_and_the_world(runs: dict[str, Path]) -> None:
+    tb = runs["ddp-adam"] / "tb"
+    assert sorted(p.name for p in tb.iterdir()) == ["rank0", "rank1", "world"]
+    expected_steps = list(range(5, STEPS + 1, 5))  # log_every_n_steps=5
+    for rank in ("rank0", "rank1"):
+        scalars = _scalars(tb / rank)
+        assert scalars.keys() >= RANK_TAGS
+        for tag in RANK_TAGS:
+            assert [step for step, _ in scalars[tag]] == expected_steps, (rank, tag)
+    world = _scalars(tb / "world")
+    assert world.keys() >= WORLD_TAGS
+    for tag in WORLD_TAGS:
+        assert [step for step, _ in world[tag]] == expected_steps
+    # The world loss is the mean of the two ranks' losses at each point.
+    r0, r1 = _scalars(tb / "rank0")["train/loss"], _scalars(tb / "rank1")["train/loss"]
+    for (_, w), (_, a), (_, b) in zip(world["train/loss"], r0, r1, strict=True):
+        assert w == pytest.approx((a + b) / 2, rel=1e-5)
+    assert {"val/loss", "val/acc1"} <= world.keys()
+
+
+@pytest.mark.timeout(300)
+def test_hparams_written_for_the_run(runs: dict[str, Path]) -> None:
+    acc = EventAccumulator(str(runs["ddp-adam"] / "tb" / "world"))
+    acc.Reload()
+    plugins = acc.PluginTagToContent("hparams")
+    assert "_hparams_/session_start_info" in plugins
+    assert "hparam/samples_per_s" in acc.Tags()["scalars"]
+
+
+@pytest.mark.timeout(300)
+def test_loss_falls_on_the_synthetic_task(tmp_path: Path) -> None:
+    train(tmp_path, *FAST, "trainer.epochs=3")
+    losses = [v for _, v in _scalars(tmp_path / "tb" / "world")["train/loss"]]
+    assert len(losses) == 3 * 2048 // 64 // 5 + 3  # every 5 steps, plus each epoch's last step
+    assert losses[-1] < 0.5 * losses[0]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["val"]["val/acc1"] > 0.7  # 10 classes: chance is 0.1
+
+
+@pytest.mark.timeout(300)
+def test_console_lines_are_rank_prefixed(tmp_path: Path) -> None:
+    result = train(
+        tmp_path / "run", *FAST, "trainer.max_steps=10", "strategy=ddp", "trainer.batch_size=32"
+    )
+    assert re.search(
+        r"^\[rank 0\] epoch 1 \| step 10/10 \| loss \d+\.\d{4} \| [\d,]+ samples/s$",
+        result.stdout,
+        re.M,
+    )
+    assert re.search(r"^\[rank 1\] epoch 1 \| step 5/10 \|", result.stdout, re.M)
+    assert "global batch 64" in result.stdout
+    assert re.search(
+        r"^\[rank 0\] done: 10 steps in [\d.]+ s \| [\d,]+ samples/s", result.stdout, re.M
+    )
+    logs = sorted(p.name for p in (tmp_path / "run" / "logs").iterdir())
+    assert logs == ["rank0.log", "rank1.log"]
+    assert "[rank 1]" in (tmp_path / "run" / "logs" / "rank1.log").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_same_seed_same_weights_different_seed_different(tmp_path: Path) -> None:
+    common = [*FAST, "trainer.max_steps=10"]
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        train(tmp_path / name, *common, f"trainer.seed={seed}")
+    a, b, c = (load_weights(tmp_path / n) for n in "abc")
+    assert max_abs_diff(a, b) == 0.0
+    assert max_abs_diff(a, c) > 1e-3
+
+
+@pytest.mark.timeout(300)
+def test_dp_without_two_gpus_runs_as_single_and_says_so(tmp_path: Path) -> None:
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has 2+ GPUs: dp really splits the batch here")
+    common = [*FAST, "trainer.max_steps=10"]
+    dp = train(tmp_path / "dp", *common, "strategy=dp")
+    train(tmp_path / "single", *common)
+    warnings = [ln for ln in dp.output.splitlines() if "DataParallel needs 2 or more" in ln]
+    assert len(warnings) == 1
+    assert max_abs_diff(load_weights(tmp_path / "dp"), load_weights(tmp_path / "single")) == 0.0
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_makes_exactly_one_run_folder(tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    run_cmd(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc_per_node=2",
+            str(TRAIN),
+            "strategy=ddp",
+            "launcher=torchrun",
+            *FAST,
+            "trainer.max_steps=10",
+            f"hydra.run.dir={outputs}/${{now:%H-%M-%S-%f}}",
+        ],
+        timeout=180,
+    )
+    folders = list(outputs.iterdir())
+    assert len(folders) == 1, folders
+    run = folders[0]
+    assert sorted(p.name for p in (run / "logs").iterdir()) == ["rank0.log", "rank1.log"]
+    assert sorted(p.name for p in (run / "tb").iterdir()) == ["rank0", "rank1", "world"]
+    assert json.loads((run / "metrics.json").read_text())["world_size"] == 2
+    assert (run / ".hydra" / "config.yaml").exists()
+
+
+@pytest.mark.timeout(120)
+def test_default_run_folder_under_outputs(tmp_path: Path) -> None:
+    """No override of hydra.run.dir: the folder lands in ./outputs/<date>/<time> of the cwd."""
+    shutil.copytree(REPO / "conf", tmp_path / "conf")
+    shutil.copy(TRAIN, tmp_path / "train.py")
+    run_cmd(
+        [sys.executable, str(tmp_path / "train.py"), *FAST, "trainer.max_steps=5"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO)},
+    )
+    runs = list((tmp_path / "outputs").glob("*/*"))
+    assert len(runs) == 1 and (runs[0] / "model.pt").exists()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.timeout(300)
+def test_ddp_on_two_gpus_uses_nccl(tmp_path: Path) -> None:
+    result = train(tmp_path / "run", *FAST, "trainer.max_steps=10", "strategy=ddp")
+    assert "backend nccl" in result.stdout
