@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from dpt.errors import ConfigError
+
+
+@dataclass
+class EarlyStoppingConfig:
+    metric: str = "val/loss"
+    mode: str = "min"
+    patience: int | None = None  # null = off
+    min_delta: float = 0.0
 
 
 @dataclass
@@ -27,12 +36,34 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     device: str = "auto"
     timeout_s: float = 300.0
+    precision: str = "32"
+    grad_accum_steps: int = 1
+    grad_clip_norm: float | None = None
+    compile: bool = False
+    on_nonfinite: str = "error"
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+
+
+@dataclass
+class CheckpointConfig:
+    enabled: bool = True
+    every_n_steps: int | None = None
+    keep: int = 3
+    resume: str | None = "auto"
 
 
 @dataclass
 class MLPConfig:
     _target_: str = "dpt.models.mlp.MLP"
     hidden_dims: list[int] = field(default_factory=lambda: [256, 256])
+
+
+@dataclass
+class ResNetConfig:
+    _target_: str = "dpt.models.resnet.resnet"
+    arch: str = "resnet18"
+    weights: str | None = None  # a local state_dict file; nothing is ever downloaded
+    channels_last: bool = False
 
 
 @dataclass
@@ -43,6 +74,32 @@ class SyntheticConfig:
     input_dim: int = 32
     num_classes: int = 10
     num_workers: int = 0
+
+
+@dataclass
+class CocoConfig:
+    _target_: str = "dpt.data.coco.CocoData"
+    root: str = MISSING
+    train_split: str = "train2017"
+    val_split: str | None = "val2017"
+    label_policy: str = "first"
+    image_size: int = 224
+    num_workers: int = 4
+    on_bad_image: str = "skip"
+    train_ann_file: str | None = None
+    train_image_dir: str | None = None
+    val_ann_file: str | None = None
+    val_image_dir: str | None = None
+
+
+@dataclass
+class FakeImagesConfig:
+    _target_: str = "dpt.data.fake_images.FakeImages"
+    num_samples: int = 2048
+    num_val_samples: int = 256
+    image_size: int = 224
+    num_classes: int = 10
+    num_workers: int = 2
 
 
 @dataclass
@@ -106,21 +163,50 @@ class SGDConfig:
 
 
 @dataclass
+class ConstantScheduleConfig:
+    _target_: str = "dpt.schedulers.constant"
+    _partial_: bool = True
+
+
+@dataclass
+class WarmupCosineConfig:
+    _target_: str = "dpt.schedulers.warmup_cosine"
+    _partial_: bool = True
+    warmup_steps: int = 100
+    min_lr: float = 0.0
+
+
+@dataclass
+class StepScheduleConfig:
+    _target_: str = "dpt.schedulers.step"
+    _partial_: bool = True
+    step_size: int = 1000
+    gamma: float = 0.1
+
+
+@dataclass
 class Config:
     model: Any = MISSING
     dataset: Any = MISSING
     strategy: Any = MISSING
     launcher: Any = MISSING
     optimizer: Any = MISSING
+    scheduler: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
 SCHEMAS: dict[str, dict[str, type]] = {
-    "model": {"mlp": MLPConfig},
-    "dataset": {"synthetic": SyntheticConfig},
+    "model": {"mlp": MLPConfig, "resnet18": ResNetConfig, "resnet50": ResNetConfig},
+    "dataset": {"synthetic": SyntheticConfig, "coco": CocoConfig, "fake_images": FakeImagesConfig},
     "strategy": {"single": SingleConfig, "dp": DPConfig, "ddp": DDPConfig},
     "launcher": {"local": LocalLauncherConfig, "torchrun": TorchrunLauncherConfig},
     "optimizer": {"adam": AdamConfig, "adamw": AdamWConfig, "sgd": SGDConfig},
+    "scheduler": {
+        "constant": ConstantScheduleConfig,
+        "warmup_cosine": WarmupCosineConfig,
+        "step": StepScheduleConfig,
+    },
 }
 
 
@@ -136,11 +222,16 @@ def register_configs() -> None:
 # --- range checks that types cannot express -------------------------------------------------------
 
 DEVICES = ("auto", "cuda", "mps", "cpu")
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 
 
 def _check(ok: bool, key: str, value: Any, requirement: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value}: {requirement}")
+
+
+def _check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    _check(value in allowed, key, value, f"must be one of {', '.join(allowed)}")
 
 
 def parse_nproc(value: str) -> int | None:
@@ -170,8 +261,36 @@ def validate(cfg: DictConfig) -> None:
         t.log_every_n_steps >= 1, "trainer.log_every_n_steps", t.log_every_n_steps, "must be >= 1"
     )
     _check(t.seed >= 0, "trainer.seed", t.seed, "must be >= 0")
-    _check(t.device in DEVICES, "trainer.device", t.device, f"must be one of {', '.join(DEVICES)}")
+    _check_choice("trainer.device", t.device, DEVICES)
     _check(t.timeout_s > 0, "trainer.timeout_s", t.timeout_s, "must be > 0")
+    _check_choice("trainer.precision", t.precision, PRECISIONS)
+    _check(t.grad_accum_steps >= 1, "trainer.grad_accum_steps", t.grad_accum_steps, "must be >= 1")
+    _check(
+        t.grad_clip_norm is None or t.grad_clip_norm > 0,
+        "trainer.grad_clip_norm",
+        t.grad_clip_norm,
+        "must be > 0 or null (no clipping)",
+    )
+    _check_choice("trainer.on_nonfinite", t.on_nonfinite, ("error", "skip"))
+    es = t.early_stopping
+    _check_choice("trainer.early_stopping.mode", es.mode, ("min", "max"))
+    _check(
+        es.patience is None or es.patience >= 1,
+        "trainer.early_stopping.patience",
+        es.patience,
+        "must be >= 1 or null (off)",
+    )
+    ck = cfg.checkpoint
+    _check(
+        ck.every_n_steps is None or ck.every_n_steps >= 1,
+        "checkpoint.every_n_steps",
+        ck.every_n_steps,
+        "must be >= 1 or null (only at epoch ends)",
+    )
+    _check(ck.keep >= 1, "checkpoint.keep", ck.keep, "must be >= 1")
+    _validate_group(
+        cfg.scheduler, "scheduler", {"warmup_steps": 0, "min_lr": 0.0, "step_size": 1, "gamma": 0.0}
+    )
     _validate_group(
         cfg.dataset,
         "dataset",
@@ -210,9 +329,27 @@ def validate(cfg: DictConfig) -> None:
         )
 
 
+def _validate_dataset_choices(dataset: DictConfig) -> None:
+    for key, allowed in (
+        ("label_policy", ("first", "largest")),
+        ("on_bad_image", ("skip", "error")),
+    ):
+        if key in dataset:
+            _check(
+                dataset[key] in allowed,
+                f"dataset.{key}",
+                dataset[key],
+                f"must be one of {', '.join(allowed)}",
+            )
+    if "root" in dataset:
+        root = dataset.root
+        _check(Path(root).is_dir(), "dataset.root", root, "folder not found")
+
+
 def _check_known_keys(cfg: DictConfig) -> None:
     """`+trainer.typo=1` slips past the schema (`+` may add keys); an unused key is still a typo."""
-    for path, node in [("", cfg), *((f"{name}.", cfg[name]) for name in ("trainer", *SCHEMAS))]:
+    groups = ("trainer", "checkpoint", *SCHEMAS)
+    for path, node in [("", cfg), *((f"{name}.", cfg[name]) for name in groups)]:
         schema = OmegaConf.get_type(node)
         if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
             continue

@@ -83,11 +83,29 @@ def init_process_group(env: DistEnv, timeout_s: float) -> None:
     if env.device.type == "cuda":
         kwargs["device_id"] = env.device  # binds NCCL communicators eagerly to this GPU
     dist.init_process_group(**kwargs)
+    global _control_group
+    # Small CPU-side agreements (stop signal, non-finite loss) go over Gloo, so that under NCCL
+    # they never wait behind, or get ordered with, the gradient all-reduces on the GPU stream.
+    _control_group = dist.new_group(backend="gloo") if env.backend == "nccl" else None
+
+
+_control_group: Any = None
 
 
 def destroy_process_group() -> None:
+    global _control_group
+    _control_group = None
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def agree_max(values: list[float], env: DistEnv) -> list[float]:
+    """Element-wise maximum over ranks of a few CPU numbers (flags): one small collective."""
+    if not dist.is_initialized():
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_control_group)
+    return t.tolist()
 
 
 def broadcast_object(obj: Any, env: DistEnv) -> Any:
@@ -105,14 +123,6 @@ def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
         return values
     t = torch.tensor(values, dtype=torch.float64, device=_comm_device(env))
     dist.all_reduce(t)
-    return t.tolist()
-
-
-def all_reduce_max(values: list[float], env: DistEnv) -> list[float]:
-    if not dist.is_initialized():
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=_comm_device(env))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
 
 

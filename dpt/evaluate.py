@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
 import torch
 import torchmetrics
 from torch import nn
@@ -12,10 +17,20 @@ from dpt.distributed import DistEnv
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: DataLoader, env: DistEnv, num_classes: int, non_blocking: bool = False
+    model: nn.Module,
+    loader: DataLoader,
+    env: DistEnv,
+    num_classes: int,
+    non_blocking: bool = False,
+    autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    to_device: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """World-wide loss, top-1 and (with >= 5 classes) top-5 accuracy; all ranks must call it."""
-    metrics = {"loss": torchmetrics.MeanMetric(), "acc1": _accuracy(num_classes, 1)}
+    metrics = {
+        "loss": torchmetrics.MeanMetric(),
+        "acc1": _accuracy(num_classes, 1),
+        "samples": torchmetrics.SumMetric(),  # proves each sample was counted exactly once
+    }
     if num_classes >= 5:
         metrics["acc5"] = _accuracy(num_classes, 5)
     collection = torchmetrics.MetricCollection(metrics, compute_groups=False).to(env.device)
@@ -23,10 +38,14 @@ def evaluate(
     was_training = model.training
     model.eval()
     for inputs, labels, _ in loader:
-        inputs = inputs.to(env.device, non_blocking=non_blocking)
+        inputs = (
+            to_device(inputs) if to_device else inputs.to(env.device, non_blocking=non_blocking)
+        )
         labels = labels.to(env.device, non_blocking=non_blocking)
-        logits = model(inputs).float()
+        with autocast():
+            logits = model(inputs).float()
         collection["loss"].update(loss_fn(logits, labels))
+        collection["samples"].update(torch.tensor(float(len(labels))))
         for name in ("acc1", "acc5"):
             if name in collection:
                 collection[name].update(logits, labels)

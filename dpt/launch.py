@@ -92,7 +92,7 @@ def launch_local_world(
     )
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    with restored_environ():
+    with restored_environ(), stdlib_start_method():
         try:
             results = elastic_launch(config, run_worker)(cfg_dict, str(run_dir))
         except ChildFailedError as failed:
@@ -103,7 +103,10 @@ def launch_local_world(
 def describe_failure(failed: Any, run_dir: Path) -> str:
     """One line naming the first rank that failed and its error (from torchelastic's error file)."""
     rank, failure = failed.get_first_failure()
-    message = str(failure.message or f"exit code {failure.exitcode}")
+    raw = failure.message
+    if isinstance(raw, dict):  # the error file of `@record`: {"message": ..., "extraInfo": ...}
+        raw = raw.get("message")
+    message = str(raw or f"exit code {failure.exitcode}")
     if isinstance(failure.message, str) and failure.message.startswith("To enable traceback"):
         message = f"exit code {failure.exitcode}" + (
             f" (signal {failure.signal_name()})" if failure.exitcode < 0 else ""
@@ -144,6 +147,26 @@ def follow_torchrun(conf_dir: Path, overrides: list[str]) -> None:
     if get_class(cfg.launcher._target_) is not TorchrunLauncher:
         raise DptError("this process was started by torchrun: add launcher=torchrun")
     run_worker(resolved(cfg), run_dir="")  # rank 0 broadcasts its config and folder
+
+
+@contextlib.contextmanager
+def stdlib_start_method() -> Iterator[None]:
+    """Spawn workers from a standard start method, also inside a joblib (loky) worker.
+
+    There the default start method is `loky`, and a spawned child, which imports only the standard
+    `multiprocessing`, dies with "cannot find context for 'loky'" (hydra/launcher=joblib).
+    """
+    import multiprocessing
+
+    current = multiprocessing.get_start_method(allow_none=True)
+    if current in (None, "spawn", "fork", "forkserver"):
+        yield
+        return
+    multiprocessing.set_start_method("spawn", force=True)
+    try:
+        yield
+    finally:
+        multiprocessing.set_start_method(current, force=True)
 
 
 @contextlib.contextmanager

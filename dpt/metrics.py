@@ -16,7 +16,7 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from dpt.distributed import DistEnv, all_reduce_max, all_reduce_sum
+from dpt.distributed import DistEnv, agree_max, all_reduce_sum
 
 log = logging.getLogger("dpt")
 
@@ -56,16 +56,29 @@ class MetricsLogger:
 
     def _reset_window(self) -> None:
         self._loss_sum = torch.zeros((), device=self.env.device)
+        self._grad_norm_sum: torch.Tensor | None = None
         self._steps = 0
         self._samples = 0
         self._data_s = 0.0
         self._window_start = time.perf_counter()
 
     def step(
-        self, step: int, epoch: int, loss: torch.Tensor, samples: int, data_s: float, lr: float
+        self,
+        step: int,
+        epoch: int,
+        loss: torch.Tensor,
+        samples: int,
+        data_s: float,
+        lr: float,
+        grad_norm: torch.Tensor | None = None,
     ) -> None:
-        """Record one optimizer step; `step` counts from 1."""
+        """Record one optimizer step; `step` counts from 1. Tensors stay on the device."""
         self._loss_sum += loss.detach().float()
+        if grad_norm is not None:
+            norm = grad_norm.detach().float()
+            self._grad_norm_sum = (
+                norm if self._grad_norm_sum is None else self._grad_norm_sum + norm
+            )
         self._steps += 1
         self._samples += samples
         self._data_s += data_s
@@ -87,6 +100,8 @@ class MetricsLogger:
             "time/data_s": self._data_s / self._steps,
             "optim/lr": lr,
         }
+        if self._grad_norm_sum is not None:  # mean pre-clip global norm over the window
+            rank_scalars["optim/grad_norm"] = (self._grad_norm_sum / self._steps).item()
         if self.env.device.type == "cuda":
             rank_scalars["memory/cuda_allocated_gb"] = torch.cuda.memory_allocated() / 2**30
             rank_scalars["memory/cuda_max_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -95,7 +110,7 @@ class MetricsLogger:
         loss_sum, steps, samples = all_reduce_sum(
             [loss * self._steps, self._steps, self._samples], self.env
         )
-        (slowest,) = all_reduce_max([elapsed], self.env)
+        (slowest,) = agree_max([elapsed], self.env)
         self.last_world_loss = loss_sum / steps
         world_samples_s = samples / slowest
         if self.world_writer is not None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -15,6 +16,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from dpt import checkpoint
+from dpt.config import CheckpointConfig, TrainerConfig
 from dpt.data.loaders import build_loaders
 from dpt.distributed import (
     DistEnv,
@@ -27,9 +30,10 @@ from dpt.logs import setup_logging
 from dpt.metrics import MetricsLogger
 from dpt.models import build_model, unwrap
 from dpt.strategy import Strategy
-from dpt.trainer import TrainResult, planned_steps, train
+from dpt.trainer import Trainer, TrainResult, planned_steps
 
 log = logging.getLogger("dpt")
+T = TypeVar("T")
 
 
 @record  # a failing rank leaves its error in torchelastic's error file, for the launcher
@@ -47,38 +51,41 @@ def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
 
 
 def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
-    setup_logging(f"rank {env.rank}", run_dir / "logs" / f"rank{env.rank}.log")
+    log_file = run_dir / "logs" / f"rank{env.rank}.log"
+    setup_logging(f"rank {env.rank}", log_file)
     _limit_cpu_threads(env)
-    seed = cfg.trainer.seed
-    seed_everything(seed)
+    settings = _typed(TrainerConfig, cfg.trainer)
+    seed_everything(settings.seed)
 
-    data = instantiate(cfg.dataset, seed=seed)
+    data = instantiate(cfg.dataset, seed=settings.seed)
     strategy: Strategy = instantiate(cfg.strategy)
-    loaders = build_loaders(data, env, cfg.trainer.batch_size, seed)
-    torch.manual_seed(seed)  # identical initial weights on every rank and in every strategy
+    worker_init = functools.partial(_init_loader_worker, env.rank, log_file)
+    loaders = build_loaders(data, env, settings.batch_size, settings.seed, worker_init)
+    torch.manual_seed(settings.seed)  # identical initial weights on every rank, every strategy
     model = build_model(cfg.model, data.input_shape, data.num_classes).to(env.device)
     model = strategy.wrap(model, env)
+    if settings.compile:
+        model = torch.compile(model)
     optimizer = instantiate(cfg.optimizer)(model.parameters())
+    total_steps = planned_steps(loaders, settings, env.world_size)
+    scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total_steps)
 
-    global_batch = strategy.global_batch(cfg.trainer.batch_size, env)
-    total_steps = planned_steps(len(loaders.train), cfg.trainer.epochs, cfg.trainer.max_steps)
-    log.info(
-        f"strategy={strategy.name} | world size {env.world_size} | device {env.device} | "
-        f"backend {env.backend if env.world_size > 1 else 'none'} | batch per process "
-        f"{cfg.trainer.batch_size} | global batch {global_batch} | {total_steps} steps"
-    )
-    metrics = MetricsLogger(run_dir, env, cfg.trainer.log_every_n_steps, total_steps)
+    resumed = checkpoint.resolve_resume(cfg.checkpoint.resume, run_dir)
+    start_step = resumed[1]["step"] if resumed else 0
+    metrics = MetricsLogger(run_dir, env, settings.log_every_n_steps, total_steps, start_step)
+    trainer = Trainer(
+        model, optimizer, scheduler, loaders, env, metrics, settings,
+        ckpt=_typed(CheckpointConfig, cfg.checkpoint), run_dir=run_dir,
+        num_classes=data.num_classes, channels_last=bool(cfg.model.get("channels_last", False)),
+        config_yaml=OmegaConf.to_yaml(cfg),
+    )  # fmt: skip
+    if resumed is not None:
+        trainer.load_state_dict(resumed[1], resumed[0])
+        log.info(f"resumed from {resumed[0]} at step {start_step}")
+    global_batch = strategy.global_batch(settings.batch_size, env) * settings.grad_accum_steps
+    _log_start(strategy, env, settings, global_batch, total_steps)
     try:
-        result = train(
-            model,
-            optimizer,
-            loaders,
-            env,
-            metrics,
-            epochs=cfg.trainer.epochs,
-            max_steps=cfg.trainer.max_steps,
-            num_classes=data.num_classes,
-        )
+        result = trainer.fit()
         summary = _summary(result, env, global_batch)
         if env.is_main:
             log.info(
@@ -87,10 +94,36 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
                 f"{_fmt(result.final_loss)}"
             )
             _write_outputs(run_dir, unwrap(model), summary)
-            metrics.hparams(_hparams(cfg, env, global_batch), _final_metrics(summary))
+            metrics.hparams(_hparams(cfg, env, global_batch, run_dir), _final_metrics(summary))
     finally:
         metrics.close()
     return summary
+
+
+def _typed(schema: type[T], node: DictConfig) -> T:
+    """The plain dict a worker receives, back as its schema's dataclass (typed attributes)."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))  # type: ignore[return-value]
+
+
+def _log_start(
+    strategy: Strategy, env: DistEnv, settings: TrainerConfig, global_batch: int, total_steps: int
+) -> None:
+    backend = env.backend if env.world_size > 1 else "none"
+    accum = (
+        f" x {settings.grad_accum_steps} accumulation steps"
+        if settings.grad_accum_steps > 1
+        else ""
+    )
+    log.info(
+        f"strategy={strategy.name} | world size {env.world_size} | device {env.device} | "
+        f"backend {backend} | precision {settings.precision} | batch per process "
+        f"{settings.batch_size}{accum} | global batch {global_batch} | {total_steps} steps"
+    )
+
+
+def _init_loader_worker(rank: int, log_file: Path, worker_id: int) -> None:
+    """DataLoader workers may be fresh processes: give them the rank's log prefix and file."""
+    setup_logging(f"rank {rank} loader {worker_id}", log_file)
 
 
 def seed_everything(seed: int) -> None:
@@ -119,6 +152,7 @@ def _summary(result: TrainResult, env: DistEnv, global_batch: int) -> dict[str, 
         "steps": result.steps,
         "samples": result.samples,
         "bad_samples": result.bad_samples,
+        "stopped_early": result.stopped_early,
         "val": result.val,
         "best_val": result.best_val,
     }
@@ -129,8 +163,11 @@ def _write_outputs(run_dir: Path, model: torch.nn.Module, summary: dict[str, Any
     (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def _hparams(cfg: DictConfig, env: DistEnv, global_batch: int) -> dict[str, Any]:
+def _hparams(cfg: DictConfig, env: DistEnv, global_batch: int, run_dir: Path) -> dict[str, Any]:
     flat: dict[str, Any] = {"world_size": env.world_size, "global_batch_size": global_batch}
+    overrides = run_dir / ".hydra" / "overrides.yaml"
+    if overrides.is_file():  # what this job of a sweep changed: the HPARAMS tab's first column
+        flat["overrides"] = " ".join(OmegaConf.load(overrides)) or "(defaults)"
     container = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(container, dict)
     _flatten(container, "", flat)

@@ -62,7 +62,8 @@ def test_metrics_json_and_model_written_by_rank_0(runs: dict[str, Path]) -> None
     assert metrics["samples"] == STEPS * 64
     assert metrics["samples_per_s"] > 0 and metrics["wall_time_s"] > 0
     assert math.isfinite(metrics["final_loss"])
-    assert set(metrics["val"]) == {"val/loss", "val/acc1", "val/acc5"}
+    assert set(metrics["val"]) == {"val/loss", "val/acc1", "val/acc5", "val/samples"}
+    assert metrics["val"]["val/samples"] == 256  # every validation sample, exactly once
     state = torch.load(runs["ddp-adam"] / "model.pt", weights_only=True)
     assert not any(k.startswith("module.") for k in state)  # the unwrapped model
 

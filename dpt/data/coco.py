@@ -1,0 +1,224 @@
+"""COCO detection annotations turned into a single-label image classification dataset."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pycocotools.coco import COCO
+from torch.utils.data import Dataset
+
+from dpt.data.images import ImageDecodeError, read_image_rgb, train_transform, val_transform
+from dpt.errors import DptError
+
+log = logging.getLogger("dpt")
+
+LABEL_POLICIES = ("first", "largest")
+BAD_IMAGE_POLICIES = ("skip", "error")
+
+Annotation = dict[str, Any]
+Sample = tuple[torch.Tensor, int]
+
+
+class CocoClassification(Dataset):
+    """One label per COCO image, picked from its non-crowd object annotations.
+
+    Reads `<root>/annotations/instances_<split>.json` and the images in `<root>/<split>/`
+    (`ann_file` / `image_dir` override either path). Category ids (1..90 with gaps in COCO) map
+    to labels 0..K-1 in ascending id order; `classes` holds the names in label order.
+
+    `label_policy`: "first" takes the image's first non-crowd annotation in the order of the
+    file's `annotations` list; "largest" the non-crowd annotation with the largest `area` (ties
+    go to the earlier one). Images without a non-crowd annotation are left out.
+
+    Order: the kept images sorted by COCO image id, so every process builds the same index
+    whatever the order of the JSON file.
+
+    `on_bad_image`: for a missing, truncated or corrupt file, "skip" makes `__getitem__` return
+    None (a collate function drops it) and logs one warning per file per process; "error"
+    raises UnreadableImageError (a RuntimeError).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        split: str = "train2017",
+        label_policy: str = "first",
+        transform: Callable[[torch.Tensor], Any] | None = None,
+        on_bad_image: str = "skip",
+        ann_file: str | os.PathLike[str] | None = None,
+        image_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        _check_choice("label_policy", label_policy, LABEL_POLICIES)
+        _check_choice("on_bad_image", on_bad_image, BAD_IMAGE_POLICIES)
+        self.root = Path(root)
+        self.split = split
+        self.label_policy = label_policy
+        self.transform = transform
+        self.on_bad_image = on_bad_image
+        self.ann_file = Path(ann_file or self.root / "annotations" / f"instances_{split}.json")
+        self.image_dir = Path(image_dir or self.root / split)
+        if not self.ann_file.is_file():
+            raise FileNotFoundError(f"COCO annotation file not found: {self.ann_file}")
+        if not self.image_dir.is_dir():
+            raise FileNotFoundError(f"COCO image folder not found: {self.image_dir}")
+
+        coco = _load_coco(self.ann_file)
+        # Ascending category id gives the same label numbering as the usual COCO tooling.
+        self.category_ids: list[int] = sorted(coco.cats)
+        self.classes: list[str] = [coco.cats[c]["name"] for c in self.category_ids]
+        self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
+        self.cat_id_to_label: dict[int, int] = {c: i for i, c in enumerate(self.category_ids)}
+
+        # Only plain lists are kept (not the COCO object): cheap to pickle into loader workers.
+        self.image_ids: list[int] = []
+        self.targets: list[int] = []
+        self.samples: list[tuple[str, int]] = []  # (path, label), as in torchvision's ImageFolder
+        for image_id in sorted(coco.imgs):
+            ann = _pick_annotation(coco.imgToAnns.get(image_id, []), label_policy)
+            if ann is None:
+                continue
+            label = self._label_of(ann)
+            path = self.image_dir / coco.imgs[image_id]["file_name"]
+            self.image_ids.append(image_id)
+            self.targets.append(label)
+            self.samples.append((str(path), label))
+        self._warned: set[str] = set()
+
+        left_out = len(coco.imgs) - len(self.image_ids)
+        log.info(
+            f"coco {split}: kept {len(self.image_ids)} of {len(coco.imgs)} images "
+            f"({left_out} without a non-crowd annotation)"
+        )
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def image_path(self, index: int) -> Path:
+        """The file behind sample `index`."""
+        return Path(self.samples[index][0])
+
+    def __getitem__(self, index: int) -> Sample | None:
+        path, label = self.samples[index]
+        try:
+            image = read_image_rgb(path)
+        except ImageDecodeError as e:
+            self._bad_image(path, e.reason)
+            return None
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, label
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(split={self.split!r}, images={len(self)}, "
+            f"classes={self.num_classes}, label_policy={self.label_policy!r}, "
+            f"ann_file={str(self.ann_file)!r}, image_dir={str(self.image_dir)!r})"
+        )
+
+    def _label_of(self, ann: Annotation) -> int:
+        try:
+            return self.cat_id_to_label[ann["category_id"]]
+        except KeyError:
+            raise ValueError(
+                f"{self.ann_file}: annotation {ann.get('id')} has category_id "
+                f"{ann.get('category_id')}, which is not in 'categories'"
+            ) from None
+
+    def _bad_image(self, path: str, reason: str) -> None:
+        if self.on_bad_image == "error":
+            raise UnreadableImageError(f"unreadable image {path}: {reason}")
+        # Once per file: a bad file is hit again every epoch and would flood the log.
+        if path not in self._warned:
+            self._warned.add(path)
+            log.warning(f"skipping unreadable image {path}: {reason}")
+
+
+class UnreadableImageError(DptError, RuntimeError):
+    """A bad image file with `on_bad_image="error"`: stops the run, naming the file."""
+
+
+class CocoData:
+    """The `dataset=coco` module: train and val splits with their transforms."""
+
+    def __init__(
+        self,
+        root: str,
+        train_split: str = "train2017",
+        val_split: str | None = "val2017",
+        label_policy: str = "first",
+        image_size: int = 224,
+        num_workers: int = 4,
+        on_bad_image: str = "skip",
+        train_ann_file: str | None = None,
+        train_image_dir: str | None = None,
+        val_ann_file: str | None = None,
+        val_image_dir: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        common = {"root": root, "label_policy": label_policy, "on_bad_image": on_bad_image}
+        try:
+            self.train = CocoClassification(
+                split=train_split, transform=train_transform(image_size), ann_file=train_ann_file,
+                image_dir=train_image_dir, **common)
+            self.val = None if val_split is None else CocoClassification(
+                split=val_split, transform=val_transform(image_size), ann_file=val_ann_file,
+                image_dir=val_image_dir, **common)
+        except (FileNotFoundError, ValueError) as error:
+            raise DptError(f"dataset=coco: {error}") from error
+        if self.val is not None and self.val.classes != self.train.classes:
+            raise DptError(f"dataset=coco: {self.val.ann_file} and {self.train.ann_file} list "
+                           "different categories")
+        self.input_shape: tuple[int, ...] = (3, image_size, image_size)
+        self.num_classes = self.train.num_classes
+        self.num_workers = num_workers
+
+
+def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+
+
+def _load_coco(ann_file: Path) -> COCO:
+    # pycocotools prints progress ("loading annotations into memory...") to stdout.
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return COCO(str(ann_file))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"COCO annotation file is not valid JSON: {ann_file} ({e})") from e
+    except (AssertionError, KeyError, TypeError) as e:
+        # pycocotools asserts that the top level is an object and indexes by "id"/"image_id".
+        raise ValueError(f"not a COCO annotation file: {ann_file} ({type(e).__name__}: {e})") from e
+
+
+def _pick_annotation(anns: Sequence[Annotation], policy: str) -> Annotation | None:
+    """The annotation that labels the image under `policy`; None without a non-crowd one.
+
+    `anns` must be in file order: pycocotools' imgToAnns appends in the file's order.
+    """
+    usable = [a for a in anns if not a.get("iscrowd", 0)]
+    if not usable:
+        return None
+    if policy == "first":
+        return usable[0]
+    # max() returns the first of equal maxima, so ties go to the earlier annotation.
+    return max(usable, key=_area)
+
+
+def _area(ann: Annotation) -> float:
+    # `area` is the segmentation area in COCO; fall back to the box for files that omit it.
+    if "area" in ann:
+        return float(ann["area"])
+    _, _, w, h = ann.get("bbox", (0, 0, 0, 0))
+    return float(w) * float(h)

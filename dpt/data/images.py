@@ -1,0 +1,127 @@
+"""Image decoding (libjpeg-turbo with a PIL fallback) and the ImageNet-style transforms."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+
+import torch
+from PIL import Image, UnidentifiedImageError
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+# ImageNet statistics: what torchvision's pretrained classifiers expect.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_JPEG_SOI = b"\xff\xd8\xff"  # start-of-image marker plus the first byte of the next marker
+_JPEG_SOS = b"\xff\xda"  # start of scan: entropy-coded data follows
+_JPEG_EOI = b"\xff\xd9"  # end of image
+# decode_jpeg's messages start with the C++ source location ("decode_jpeg, /.../x.cpp:171, ").
+_CPP_LOCATION = re.compile(r"^.*?\.cpp:\d+, ")
+
+
+class ImageDecodeError(OSError):
+    """A file that cannot be read or decoded as an image (missing, truncated, corrupt)."""
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        # The bare cause, without the path, for callers that print the path themselves.
+        self.reason = message if reason is None else reason
+
+
+def read_image_rgb(path: str | os.PathLike[str]) -> torch.Tensor:
+    """Decode an image file to a uint8 RGB tensor of shape (3, H, W).
+
+    JPEGs go through `torchvision.io.decode_jpeg` (libjpeg-turbo), which also turns grayscale and
+    CMYK JPEGs into RGB; anything else (PNG, ...) or a JPEG it rejects goes through PIL. Raises
+    `ImageDecodeError` for every kind of unreadable file, including a missing one.
+    """
+    try:
+        with open(path, "rb") as f:
+            # A bytearray, because torch.frombuffer warns about read-only buffers such as bytes.
+            data = bytearray(f.read())
+    except OSError as e:
+        raise _error(path, e.strerror or str(e)) from e
+    if not data:
+        raise _error(path, "empty file")
+    if data.startswith(_JPEG_SOI):
+        return _decode_jpeg(data, path)
+    return _decode_with_pil(data, path)
+
+
+def _decode_jpeg(data: bytearray, path: str | os.PathLike[str]) -> torch.Tensor:
+    # torchvision 0.29 raises on a truncated JPEG, but libjpeg itself only warns ("Premature end
+    # of JPEG file") and fills the rest with grey, so this check does not rely on the build turning
+    # that warning into an error. It also keeps truncated files away from the PIL fallback, which
+    # accepts them if someone set ImageFile.LOAD_TRUNCATED_IMAGES.
+    if not _has_end_marker(data):
+        raise _error(path, "JPEG is truncated (no end-of-image marker after the last scan)")
+    try:
+        # mode=RGB matters: UNCHANGED returns 1 channel for grayscale and raw (Adobe-inverted)
+        # CMYK as 4 channels; RGB converts both, matching PIL's convert("RGB").
+        return decode_jpeg(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB)
+    except RuntimeError as e:
+        jpeg_reason = _CPP_LOCATION.sub("", str(e))
+    try:
+        # Rare JPEG variants libjpeg-turbo's torchvision build refuses; PIL may still read them.
+        return _decode_with_pil(data, path)
+    except ImageDecodeError:
+        raise _error(path, jpeg_reason) from None
+
+
+def _has_end_marker(data: bytearray) -> bool:
+    # Inside entropy-coded data every 0xFF byte is followed by 0x00 (byte stuffing), so an EOI
+    # after the last SOS can only be the real end of the image. Bytes after EOI are tolerated.
+    last_scan = data.rfind(_JPEG_SOS)
+    return last_scan != -1 and data.find(_JPEG_EOI, last_scan) != -1
+
+
+def _decode_with_pil(data: bytearray, path: str | os.PathLike[str]) -> torch.Tensor:
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            # convert() forces the full decode, so a truncated file fails here (as long as
+            # ImageFile.LOAD_TRUNCATED_IMAGES is left False, its default).
+            rgb = img.convert("RGB")
+    except UnidentifiedImageError as e:
+        # Its message names the BytesIO object, not the file: say what it means instead.
+        raise _error(path, "not a known image format") from e
+    except Exception as e:  # PIL's plugins raise OSError, ValueError, SyntaxError, EOFError, ...
+        raise _error(path, str(e) or type(e).__name__) from e
+    return F.pil_to_tensor(rgb)
+
+
+def _error(path: str | os.PathLike[str], reason: str) -> ImageDecodeError:
+    return ImageDecodeError(f"cannot read image {os.fspath(path)}: {reason}", reason)
+
+
+def train_transform(image_size: int) -> v2.Compose:
+    """Random-resized crop and flip of a uint8 CHW tensor, then float32 ImageNet normalization."""
+    return v2.Compose(
+        [
+            v2.RandomResizedCrop(image_size, antialias=True),
+            v2.RandomHorizontalFlip(),
+            *_to_normalized_float(),
+        ]
+    )
+
+
+def val_transform(image_size: int) -> v2.Compose:
+    """Resize the short side to image_size*256/224, center-crop, normalize (the ImageNet recipe)."""
+    return v2.Compose(
+        [
+            v2.Resize(int(image_size * 256 / 224), antialias=True),
+            v2.CenterCrop(image_size),
+            *_to_normalized_float(),
+        ]
+    )
+
+
+def _to_normalized_float() -> list[v2.Transform]:
+    # Crops and resizes run on uint8 first: a quarter of the memory traffic of float32.
+    return [
+        v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
+    ]

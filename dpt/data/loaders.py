@@ -1,0 +1,117 @@
+"""DataLoaders that shard across ranks: the same code path for one process and for many."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+from dpt.distributed import DistEnv
+
+
+class DataModule(Protocol):
+    """What a `dataset` config builds: datasets plus what the model needs to know about them."""
+
+    train: Dataset
+    val: Dataset | None
+    input_shape: tuple[int, ...]
+    num_classes: int
+    num_workers: int
+
+
+Batch = tuple[torch.Tensor, torch.Tensor, int]
+
+
+def collate_drop_bad(samples: Sequence[Any]) -> Batch:
+    """Stack (input, label) pairs; a dataset returns None for an unreadable sample, counted here."""
+    good = [s for s in samples if s is not None]
+    if not good:
+        raise RuntimeError(f"every sample in a batch of {len(samples)} was unreadable")
+    inputs = torch.stack([torch.as_tensor(s[0]) for s in good])
+    labels = torch.as_tensor([int(s[1]) for s in good], dtype=torch.long)
+    return inputs, labels, len(samples) - len(good)
+
+
+class ShardSampler(Sampler[int]):
+    """Every index exactly once across ranks (no padding, unlike DistributedSampler): for eval."""
+
+    def __init__(self, size: int, rank: int, world_size: int) -> None:
+        self.indices = range(rank, size, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler that can start an epoch part-way: a resumed run skips the indices it
+    has already trained on without loading them."""
+
+    start_index = 0
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())
+        return iter(indices[self.start_index :])
+
+    def __len__(self) -> int:
+        return super().__len__() - self.start_index
+
+
+@dataclass
+class Loaders:
+    train: DataLoader
+    train_sampler: ResumableSampler
+    val: DataLoader | None
+    batch_size: int
+
+    @property
+    def train_size(self) -> int:
+        return len(self.train.dataset)  # type: ignore[arg-type]
+
+    def batches_per_epoch(self) -> int:
+        """Full batches per rank in a whole epoch (the last partial batch is dropped)."""
+        return self.train_sampler.num_samples // self.batch_size
+
+    def start_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        self.train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        self.train_sampler.start_index = skip_batches * self.batch_size
+
+
+def build_loaders(data: DataModule, env: DistEnv, batch_size: int, seed: int,
+                  worker_init_fn: Callable[[int], None] | None = None) -> Loaders:
+    """Shard with DistributedSampler even in one process, so `single` with batch B*N sees exactly
+    the batches that N ddp ranks with batch B see together (same permutation, same seed)."""
+    sampler = ResumableSampler(
+        data.train, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed
+    )
+    common = _loader_options(data.num_workers, env, seed, worker_init_fn)
+    # drop_last keeps every rank's batch the same size, so the all-reduced mean is the big-batch mean.
+    train = DataLoader(data.train, batch_size=batch_size, sampler=sampler, drop_last=True, **common)
+    val = None
+    if data.val is not None:
+        val_sampler = ShardSampler(len(data.val), env.rank, env.world_size)
+        val = DataLoader(data.val, batch_size=batch_size, sampler=val_sampler, **common)
+    return Loaders(train, sampler, val, batch_size)
+
+
+def _loader_options(num_workers: int, env: DistEnv, seed: int,
+                    worker_init_fn: Callable[[int], None] | None) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "num_workers": num_workers,
+        "collate_fn": collate_drop_bad,
+        # Pinned host memory lets the copy to the GPU overlap with compute (non_blocking=True).
+        "pin_memory": env.device.type == "cuda",
+        # Seeds the workers' RNGs (random crops, flips) from the run's seed.
+        "generator": torch.Generator().manual_seed(seed + env.rank),
+    }
+    if num_workers > 0:
+        options["worker_init_fn"] = worker_init_fn
+        # Workers live across epochs: no re-spawn (and no dataset re-pickling) every epoch.
+        options["persistent_workers"] = True
+        options["prefetch_factor"] = 4
+    return options

@@ -1,0 +1,53 @@
+"""Numeric precision of the forward and backward pass: fp32, bf16 autocast, fp16 with a scaler."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from dpt.errors import DptError
+
+
+class Precision:
+    """Autocast for the forward pass, and (fp16 only) a GradScaler around backward and step."""
+
+    def __init__(self, precision: str, device: torch.device) -> None:
+        if precision == "16-mixed" and device.type != "cuda":
+            raise DptError(
+                f"trainer.precision=16-mixed needs CUDA (device is {device.type}); use bf16-mixed"
+            )
+        self.device_type = device.type
+        self.dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+        # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
+        self.scaler = torch.amp.GradScaler("cuda") if precision == "16-mixed" else None
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        if self.dtype is None:
+            yield
+        else:
+            with torch.autocast(self.device_type, dtype=self.dtype):
+                yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def clip_and_norm(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float | None
+    ) -> torch.Tensor | None:
+        """Global gradient norm before clipping (None when not clipping: computing it costs)."""
+        if max_norm is None:
+            return None
+        if self.scaler:
+            self.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        return nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler:
+            self.scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
+            self.scaler.update()
+        else:
+            optimizer.step()

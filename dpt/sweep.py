@@ -1,0 +1,281 @@
+"""Multirun bookkeeping: every job records how it ended; the sweep ends with one summary.
+
+Hydra runs a job's callbacks where the job runs: in this process (basic launcher), in a joblib
+worker, or in SLURM task 0. So each job writes `<job>/job_status.json` itself, and
+`on_multirun_end`, back in the process that started the sweep, reads them all. That works the
+same for every launcher, and a job killed before it could report still shows up (as CRASHED).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from dpt.errors import Abort, DptError, one_line
+
+STATUS_FILE = "job_status.json"
+SUMMARY_CSV = "summary.csv"
+SUMMARY_PNG = "summary.png"
+FAILED_STATES = ("FAILED", "CRASHED")
+
+
+class SweepSummary(Callback):
+    """`hydra.callbacks.summary`: job statuses, then `<sweep>/summary.csv`, a table and a plot.
+
+    A failed job does not stop the others; the sweep exits with status 1 once all have run.
+    With `stop_on_failure=true` the first failure ends the sweep at once (jobs running beside it
+    under joblib or SLURM are stopped too).
+    """
+
+    def __init__(self, stop_on_failure: bool = False) -> None:
+        self.stop_on_failure = stop_on_failure
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if _is_multirun(config):
+            record = {**_job_info(config), "status": "RUNNING", "started_at": time.time()}
+            write_status(_job_dir(config), record)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if not _is_multirun(config):
+            return
+        record = finished_record(_job_dir(config), _job_info(config), job_return)
+        write_status(_job_dir(config), record)
+        if job_return.status != JobStatus.FAILED:
+            return
+        print(f"[sweep] job {record['job']} failed: {record['error']}", file=sys.stderr)
+        if self.stop_on_failure:
+            report(Path(config.hydra.sweep.dir), final=False)
+            raise Abort(
+                DptError(
+                    f"job {record['job']} failed ({record['error']}); sweep stopped "
+                    "(hydra.callbacks.summary.stop_on_failure=true)"
+                )
+            )
+        # Hydra's sweeper re-raises a failed job once its batch is done, which ends the sweep
+        # before `on_multirun_end` (no summary) and skips later batches. The failure is kept in
+        # job_status.json and reported, with a non-zero exit, by `on_multirun_end` instead.
+        job_return.status = JobStatus.COMPLETED
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        records = report(sweep_dir, final=True)
+        failed = [r for r in records if r["status"] in FAILED_STATES]
+        if failed:
+            first = failed[0]
+            raise Abort(
+                DptError(
+                    f"{len(failed)} of {len(records)} jobs failed (first: job {first['job']}: "
+                    f"{first['error']}); summary: {sweep_dir / SUMMARY_CSV}"
+                )
+            )
+
+
+def _is_multirun(config: DictConfig) -> bool:
+    return OmegaConf.select(config, "hydra.mode") == RunMode.MULTIRUN
+
+
+def _job_dir(config: DictConfig) -> Path:
+    return Path(config.hydra.runtime.output_dir)
+
+
+def _job_info(config: DictConfig) -> dict[str, Any]:
+    return {"job": int(config.hydra.job.num), "overrides": list(config.hydra.overrides.task)}
+
+
+# --- one job's status ------------------------------------------------------------------------------
+
+
+def write_status(job_dir: Path, record: dict[str, Any]) -> None:
+    """Atomically: the summary never reads half a file, even while jobs still run beside it."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    tmp = job_dir / f".{STATUS_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    os.replace(tmp, job_dir / STATUS_FILE)
+
+
+def read_status(job_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((job_dir / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def finished_record(job_dir: Path, info: dict[str, Any], job_return: JobReturn) -> dict[str, Any]:
+    started = (read_status(job_dir) or {}).get("started_at")
+    record: dict[str, Any] = {**info, "started_at": started, "ended_at": time.time()}
+    value = job_return._return_value  # `return_value` would re-raise a failure
+    if job_return.status == JobStatus.FAILED:
+        record.update(status="FAILED", error=describe_error(value), result=None)
+        if not isinstance(value, DptError) and isinstance(value, BaseException):
+            record["traceback"] = "".join(traceback.format_exception(value))
+    else:
+        record.update(status="COMPLETED", error=None, result=_result_dict(value))
+    return record
+
+
+def describe_error(error: Any, limit: int = 300) -> str:
+    """One line, short enough for a table cell; the full traceback stays in job_status.json."""
+    if isinstance(error, DptError):
+        text = one_line(error)
+    elif isinstance(error, BaseException):
+        first = (str(error).strip().splitlines() or [""])[0]
+        text = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    else:
+        text = str(error)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _result_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+# --- the sweep's summary ---------------------------------------------------------------------------
+
+
+def collect(sweep_dir: Path, final: bool) -> list[dict[str, Any]]:
+    """Every job's record, by job number. After the sweep, RUNNING means its process died."""
+    records = []
+    for path in sweep_dir.rglob(STATUS_FILE):
+        record = read_status(path.parent)
+        if record is None:
+            continue
+        record["job_dir"] = str(path.parent.relative_to(sweep_dir))
+        if final and record["status"] == "RUNNING":
+            record.update(status="CRASHED", error="ended without a status (process killed?)")
+        records.append(record)
+    return sorted(records, key=lambda r: r["job"])
+
+
+def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Flat rows for the CSV: one column per best validation metric seen in the sweep."""
+    best_keys = sorted(
+        {k for r in records for k in ((r.get("result") or {}).get("best_val") or {})}
+    )
+    out = []
+    for r in records:
+        result = r.get("result") or {}
+        row: dict[str, Any] = {
+            "job": r["job"],
+            "status": r["status"],
+            "overrides": " ".join(r["overrides"]),
+            "final_loss": result.get("final_loss"),
+        }
+        row.update({f"best_{k}": (result.get("best_val") or {}).get(k) for k in best_keys})
+        row.update(
+            samples_per_s=result.get("samples_per_s"),
+            wall_time_s=_wall_time(r),
+            train_time_s=result.get("wall_time_s"),
+            world_size=result.get("world_size"),
+            steps=result.get("steps"),
+            error=r.get("error"),
+            job_dir=r["job_dir"],
+        )
+        out.append(row)
+    return out
+
+
+def _wall_time(record: dict[str, Any]) -> float | None:
+    start, end = record.get("started_at"), record.get("ended_at")
+    return end - start if start is not None and end is not None else None
+
+
+def report(sweep_dir: Path, final: bool) -> list[dict[str, Any]]:
+    """Write summary.csv and summary.png into the sweep folder and print the table."""
+    records = collect(sweep_dir, final)
+    table = rows(records)
+    write_csv(sweep_dir / SUMMARY_CSV, table)
+    plotted = plot(sweep_dir / SUMMARY_PNG, table)
+    print(format_table(table))
+    print(f"[sweep] summary: {sweep_dir / SUMMARY_CSV}" + (f", {plotted}" if plotted else ""))
+    return records
+
+
+def write_csv(path: Path, table: list[dict[str, Any]]) -> None:
+    fields = list(table[0]) if table else ["job", "status", "overrides", "error"]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(table)
+    os.replace(tmp, path)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def swept(table: list[dict[str, Any]]) -> list[str]:
+    """Each job's overrides without those every job shares: what tells the jobs apart."""
+    split = [row["overrides"].split() for row in table]
+    shared = set.intersection(*map(set, split)) if len(split) > 1 else set()
+    return [" ".join(o for o in overrides if o not in shared) for overrides in split]
+
+
+def format_table(table: list[dict[str, Any]]) -> str:
+    """A plain-text table: one line per job, and its error on the next line if it failed."""
+    best = next((k for k in table[0] if k.startswith("best_")), None) if table else None
+    head = ["job", "status", "final loss", f"best {best[5:]}" if best else "best val"]
+    head += ["samples/s", "wall s", "overrides"]
+    lines = []
+    for row, overrides in zip(table, swept(table), strict=True):
+        cells = [
+            str(row["job"]),
+            row["status"],
+            _fmt(row["final_loss"], ".4f"),
+            _fmt(row.get(best) if best else None, ".4f"),
+            _fmt(row["samples_per_s"], ",.0f"),
+            _fmt(row["wall_time_s"], ".1f"),
+            overrides,
+        ]
+        lines.append((cells, row["error"]))
+    widths = [max(len(c) for c in col) for col in zip(head, *(c for c, _ in lines), strict=False)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
+    for cells, error in lines:
+        out.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+        if error:
+            out.append(f"{'':{widths[0]}}  error: {error}")
+    return "\n".join(out)
+
+
+def plot(path: Path, table: list[dict[str, Any]]) -> Path | None:
+    """Throughput and final loss per job, as horizontal bars; failed jobs are labelled, not drawn."""
+    if not table:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed: a cluster node or CI writes the file
+    import matplotlib.pyplot as plt
+
+    labels = [f"#{r['job']} {o}"[:60] for r, o in zip(table, swept(table), strict=True)]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 1.0 + 0.45 * len(table)), sharey=True)
+    for ax, key, title in zip(
+        axes, ("samples_per_s", "final_loss"), ("samples/s", "final loss"), strict=True
+    ):
+        values = [r[key] if r[key] is not None else 0.0 for r in table]
+        ax.barh(range(len(table)), values, color="tab:blue")
+        for i, r in enumerate(table):
+            if r["status"] != "COMPLETED":
+                ax.text(0, i, f" {r['status']}", va="center", color="tab:red")
+        ax.set_title(title)
+    axes[0].set_yticks(range(len(table)), labels)
+    axes[0].invert_yaxis()
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}{path.suffix}")
+    fig.savefig(tmp, dpi=80)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
