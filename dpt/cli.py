@@ -11,11 +11,10 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from hydra.types import RunMode
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from dpt.config import register_configs, validate
+from dpt.config import build, register_configs, validate
 from dpt.errors import Abort, DptError, one_line
 from dpt.launch import follow_torchrun, is_torchrun_follower
 
@@ -29,7 +28,7 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     hydra_cfg = HydraConfig.get()
     try:
         validate(cfg)  # in a multirun, this job's own overrides are first seen here
-        launcher = instantiate(cfg.launcher)
+        launcher = build(cfg.launcher)
         return launcher.run(cfg, Path(hydra_cfg.runtime.output_dir))
     except DptError as error:
         if hydra_cfg.mode == RunMode.RUN:

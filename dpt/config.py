@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import InstantiationException
+from hydra.types import RunMode
+from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from dpt.errors import ConfigError
+from dpt.errors import ConfigError, DptError
 
 
 @dataclass
@@ -119,6 +122,7 @@ class DDPConfig:
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
     find_unused_parameters: bool = False
+    comm_hook: str | None = None  # bf16 | fp16: compress gradients for the all-reduce
 
 
 @dataclass
@@ -132,6 +136,24 @@ class LocalLauncherConfig:
 @dataclass
 class TorchrunLauncherConfig:
     _target_: str = "dpt.launch.TorchrunLauncher"
+
+
+@dataclass
+class SlurmLauncherConfig:
+    """One SLURM job per multirun job, one task per rank (conf/launcher/slurm.yaml passes these
+    to Hydra's submitit launcher). They size the allocation of the whole sweep: not sweepable."""
+
+    _target_: str = "dpt.launch.SlurmLauncher"
+    nodes: int = 1
+    tasks_per_node: int = 1  # = ranks per node
+    gpus_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem_gb: int | None = None  # per node
+    time: int = 60  # minutes
+    partition: str | None = None
+    sbatch: dict[str, Any] = field(default_factory=dict)  # extra `#SBATCH --key=value` lines
+    setup: list[str] = field(default_factory=list)  # shell lines run before the tasks start
+    max_num_timeout: int = 0  # times a job that reaches its time limit is requeued
 
 
 @dataclass
@@ -200,7 +222,11 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "model": {"mlp": MLPConfig, "resnet18": ResNetConfig, "resnet50": ResNetConfig},
     "dataset": {"synthetic": SyntheticConfig, "coco": CocoConfig, "fake_images": FakeImagesConfig},
     "strategy": {"single": SingleConfig, "dp": DPConfig, "ddp": DDPConfig},
-    "launcher": {"local": LocalLauncherConfig, "torchrun": TorchrunLauncherConfig},
+    "launcher": {
+        "local": LocalLauncherConfig,
+        "torchrun": TorchrunLauncherConfig,
+        "slurm": SlurmLauncherConfig,
+    },
     "optimizer": {"adam": AdamConfig, "adamw": AdamWConfig, "sgd": SGDConfig},
     "scheduler": {
         "constant": ConstantScheduleConfig,
@@ -219,10 +245,22 @@ def register_configs() -> None:
             cs.store(group=f"schema/{group}", name=name, node=node)
 
 
+def build(node: DictConfig, **kwargs: Any) -> Any:
+    """`hydra.utils.instantiate`, but a DptError from the target surfaces as itself (Hydra wraps
+    it in an InstantiationException, which would turn a one-line message into a long one)."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as error:
+        if isinstance(error.__cause__, DptError):
+            raise error.__cause__ from None
+        raise
+
+
 # --- range checks that types cannot express -------------------------------------------------------
 
 DEVICES = ("auto", "cuda", "mps", "cpu")
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+COMM_HOOKS = ("bf16", "fp16")  # the keys of dpt.strategy.COMM_HOOKS
 
 
 def _check(ok: bool, key: str, value: Any, requirement: str) -> None:
@@ -247,86 +285,57 @@ def parse_nproc(value: str) -> int | None:
 
 def validate(cfg: DictConfig) -> None:
     """Reject out-of-range values with a one-line message that names the key."""
+    _check_required(cfg)
     _check_known_keys(cfg)
-    t = cfg.trainer
+    _validate_trainer(cfg.trainer)
+    _validate_checkpoint(cfg.checkpoint)
+    _validate_group(cfg.scheduler, "scheduler", SCHEDULER_MINIMUMS)
+    _validate_group(cfg.dataset, "dataset", DATASET_MINIMUMS)
+    _validate_dataset_choices(cfg.dataset)
+    _validate_group(cfg.optimizer, "optimizer", {"lr": 0.0, "weight_decay": 0.0, "momentum": 0.0})
+    for dim in cfg.model.get("hidden_dims", []):
+        _check(
+            dim >= 1, "model.hidden_dims", list(cfg.model.hidden_dims), "every width must be >= 1"
+        )
+    if "nproc_per_node" in cfg.launcher:
+        parse_nproc(cfg.launcher.nproc_per_node)
+    _validate_group(cfg.launcher, "launcher", {"max_restarts": 0})
+    _validate_slurm(cfg)
+    _validate_group(cfg.strategy, "strategy", {"bucket_cap_mb": 1e-3})
+    if cfg.strategy.get("comm_hook") is not None:
+        _check_choice("strategy.comm_hook", cfg.strategy.comm_hook, COMM_HOOKS)
+
+
+SCHEDULER_MINIMUMS = {"warmup_steps": 0, "min_lr": 0.0, "step_size": 1, "gamma": 0.0}
+DATASET_MINIMUMS = {"num_samples": 1, "input_dim": 1, "num_classes": 2, "num_workers": 0,
+                    "num_val_samples": 0, "image_size": 16}  # fmt: skip
+
+
+def _validate_trainer(t: DictConfig) -> None:
     _check(t.epochs >= 1, "trainer.epochs", t.epochs, "must be >= 1")
-    _check(
-        t.max_steps is None or t.max_steps >= 1,
-        "trainer.max_steps",
-        t.max_steps,
-        "must be >= 1 or null (run all epochs)",
-    )
+    _check(t.max_steps is None or t.max_steps >= 1, "trainer.max_steps", t.max_steps,
+           "must be >= 1 or null (run all epochs)")  # fmt: skip
     _check(t.batch_size >= 1, "trainer.batch_size", t.batch_size, "must be >= 1")
-    _check(
-        t.log_every_n_steps >= 1, "trainer.log_every_n_steps", t.log_every_n_steps, "must be >= 1"
-    )
+    _check(t.log_every_n_steps >= 1, "trainer.log_every_n_steps", t.log_every_n_steps,
+           "must be >= 1")  # fmt: skip
     _check(t.seed >= 0, "trainer.seed", t.seed, "must be >= 0")
     _check_choice("trainer.device", t.device, DEVICES)
     _check(t.timeout_s > 0, "trainer.timeout_s", t.timeout_s, "must be > 0")
     _check_choice("trainer.precision", t.precision, PRECISIONS)
     _check(t.grad_accum_steps >= 1, "trainer.grad_accum_steps", t.grad_accum_steps, "must be >= 1")
-    _check(
-        t.grad_clip_norm is None or t.grad_clip_norm > 0,
-        "trainer.grad_clip_norm",
-        t.grad_clip_norm,
-        "must be > 0 or null (no clipping)",
-    )
+    _check(t.grad_clip_norm is None or t.grad_clip_norm > 0, "trainer.grad_clip_norm",
+           t.grad_clip_norm, "must be > 0 or null (no clipping)")  # fmt: skip
     _check_choice("trainer.on_nonfinite", t.on_nonfinite, ("error", "skip"))
     es = t.early_stopping
     _check_choice("trainer.early_stopping.mode", es.mode, ("min", "max"))
-    _check(
-        es.patience is None or es.patience >= 1,
-        "trainer.early_stopping.patience",
-        es.patience,
-        "must be >= 1 or null (off)",
-    )
-    ck = cfg.checkpoint
-    _check(
-        ck.every_n_steps is None or ck.every_n_steps >= 1,
-        "checkpoint.every_n_steps",
-        ck.every_n_steps,
-        "must be >= 1 or null (only at epoch ends)",
-    )
+    _check(es.patience is None or es.patience >= 1, "trainer.early_stopping.patience",
+           es.patience, "must be >= 1 or null (off)")  # fmt: skip
+
+
+def _validate_checkpoint(ck: DictConfig) -> None:
+    _check(ck.every_n_steps is None or ck.every_n_steps >= 1, "checkpoint.every_n_steps",
+           ck.every_n_steps, "must be >= 1 or null (only at epoch ends)")  # fmt: skip
     _check(ck.keep >= 1, "checkpoint.keep", ck.keep, "must be >= 1")
-    _validate_group(
-        cfg.scheduler, "scheduler", {"warmup_steps": 0, "min_lr": 0.0, "step_size": 1, "gamma": 0.0}
-    )
-    _validate_group(
-        cfg.dataset,
-        "dataset",
-        {
-            "num_samples": 1,
-            "input_dim": 1,
-            "num_classes": 2,
-            "num_workers": 0,
-            "num_val_samples": 0,
-        },
-    )
-    _validate_group(cfg.optimizer, "optimizer", {"lr": 0.0, "weight_decay": 0.0, "momentum": 0.0})
-    if "hidden_dims" in cfg.model:
-        for dim in cfg.model.hidden_dims:
-            _check(
-                dim >= 1,
-                "model.hidden_dims",
-                list(cfg.model.hidden_dims),
-                "every width must be >= 1",
-            )
-    if "nproc_per_node" in cfg.launcher:
-        parse_nproc(cfg.launcher.nproc_per_node)
-    if "max_restarts" in cfg.launcher:
-        _check(
-            cfg.launcher.max_restarts >= 0,
-            "launcher.max_restarts",
-            cfg.launcher.max_restarts,
-            "must be >= 0",
-        )
-    if "bucket_cap_mb" in cfg.strategy:
-        _check(
-            cfg.strategy.bucket_cap_mb > 0,
-            "strategy.bucket_cap_mb",
-            cfg.strategy.bucket_cap_mb,
-            "must be > 0",
-        )
 
 
 def _validate_dataset_choices(dataset: DictConfig) -> None:
@@ -344,6 +353,35 @@ def _validate_dataset_choices(dataset: DictConfig) -> None:
     if "root" in dataset:
         root = dataset.root
         _check(Path(root).is_dir(), "dataset.root", root, "folder not found")
+
+
+def _validate_slurm(cfg: DictConfig) -> None:
+    if OmegaConf.get_type(cfg.launcher) is not SlurmLauncherConfig:
+        return
+    _validate_group(
+        cfg.launcher,
+        "launcher",
+        {"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 1},
+    )
+    _validate_group(cfg.launcher, "launcher", {"time": 1, "max_num_timeout": 0})
+    # `python train.py launcher=slurm` (no -m) would train right here, not on the cluster.
+    if OmegaConf.select(cfg, "hydra.mode") == RunMode.RUN:
+        raise ConfigError(
+            "launcher=slurm submits jobs through Hydra's multirun: add -m "
+            "(python train.py -m launcher=slurm ...)"
+        )
+
+
+def _check_required(cfg: DictConfig) -> None:
+    """`???` values the user must set (e.g. dataset.root); Hydra's own node is not ours."""
+    for group in cfg:
+        node = cfg[group]
+        if group == "hydra" or not isinstance(node, DictConfig):
+            continue
+        missing = sorted(OmegaConf.missing_keys(node))
+        if missing:
+            key = missing[0]  # already the full key
+            raise ConfigError(f"{key}: required, set it with {key}=...")
 
 
 def _check_known_keys(cfg: DictConfig) -> None:

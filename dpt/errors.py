@@ -35,7 +35,7 @@ def one_line(error: BaseException) -> str:
         return _omegaconf_line(error)
     if isinstance(cause, OmegaConfBaseException):
         return _omegaconf_line(cause)
-    text = str(error)
+    text = _unwrap_loader_error(str(error))
     options = re.search(
         r"Could not find '([^']+)'\s+Available options in '([^']+)':(.*?)"
         r"(Config search path|$)",
@@ -50,6 +50,15 @@ def one_line(error: BaseException) -> str:
     lines = [ln.strip() for ln in text.splitlines()]
     kept = [ln for ln in lines if ln and not ln.startswith(("See https://", "Config search path"))]
     return " ".join(kept).split(" provider=")[0]
+
+
+def _unwrap_loader_error(text: str) -> str:
+    """A DataLoader worker re-raises as "Caught X in DataLoader worker process N. Original
+    Traceback ...": the original message is the traceback's last line, after "module.X: "."""
+    if "Original Traceback" not in text:
+        return text
+    last = text.strip().splitlines()[-1]
+    return re.sub(r"^[\w.]+(Error|Exception): ", "", last)
 
 
 def _omegaconf_line(error: OmegaConfBaseException) -> str:

@@ -124,6 +124,29 @@ class TorchrunLauncher:
         return run_worker(resolved(cfg), str(run_dir))
 
 
+class SlurmLauncher:
+    """SLURM started this process, one task per rank, through Hydra's submitit launcher (`-m`).
+
+    The resource keys of `launcher=slurm` are read by that launcher (conf/launcher/slurm.yaml);
+    here only the world size they ask for matters, to check it against SLURM's.
+    """
+
+    def __init__(self, nodes: int = 1, tasks_per_node: int = 1, **resources: Any) -> None:
+        self.world_size = nodes * tasks_per_node
+
+    def run(self, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+        from dpt.slurm import torch_env_from_slurm
+
+        if self.world_size > 1 and not is_distributed(cfg):
+            raise DptError(
+                f"strategy={get_class(cfg.strategy._target_).name} runs one process: "
+                "use strategy=ddp, or launcher.nodes=1 launcher.tasks_per_node=1"
+            )
+        with restored_environ():
+            os.environ.update(torch_env_from_slurm(self.world_size))
+            return run_worker(resolved(cfg), str(run_dir))
+
+
 def require_torchrun_env() -> None:
     missing = [name for name in TORCHRUN_VARS if name not in os.environ]
     if missing:

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import logging
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from dpt.distributed import DistEnv
 
 log = logging.getLogger("dpt")
+
+# `strategy.comm_hook`: gradients cast to 16 bits for the all-reduce and back (half the bytes on
+# the wire), for worlds whose network, not compute, bounds the step. The names are checked by
+# `dpt.config.validate` (COMM_HOOKS there).
+COMM_HOOKS: dict[str, Callable[..., Any]] = {
+    "bf16": default_hooks.bf16_compress_hook,  # fp32's exponent range: no overflow
+    "fp16": default_hooks.fp16_compress_hook,  # 3 more mantissa bits, overflows above 65504
+}
 
 
 class Strategy:
@@ -61,16 +71,20 @@ class DDP(Strategy):
         gradient_as_bucket_view: bool = True,
         static_graph: bool = False,
         find_unused_parameters: bool = False,
+        comm_hook: str | None = None,
     ) -> None:
+        if comm_hook is not None and comm_hook not in COMM_HOOKS:
+            raise ValueError(f"comm_hook must be one of {', '.join(COMM_HOOKS)} or None")
         self.bucket_cap_mb = bucket_cap_mb
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.static_graph = static_graph
         self.find_unused_parameters = find_unused_parameters
+        self.comm_hook = comm_hook
 
     def wrap(self, model: nn.Module, env: DistEnv) -> nn.Module:
         if not torch.distributed.is_initialized():
             return model  # a world of one: nothing to synchronise
-        return DistributedDataParallel(
+        ddp = DistributedDataParallel(
             model,
             device_ids=[env.device.index] if env.device.type == "cuda" else None,
             bucket_cap_mb=self.bucket_cap_mb,
@@ -79,3 +93,7 @@ class DDP(Strategy):
             static_graph=self.static_graph,
             find_unused_parameters=self.find_unused_parameters,
         )
+        if self.comm_hook is not None:
+            # state=None: the hooks then use the default process group (the training world).
+            ddp.register_comm_hook(state=None, hook=COMM_HOOKS[self.comm_hook])
+        return ddp

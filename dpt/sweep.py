@@ -57,6 +57,8 @@ class SweepSummary(Callback):
         print(f"[sweep] job {record['job']} failed: {record['error']}", file=sys.stderr)
         if self.stop_on_failure:
             report(Path(config.hydra.sweep.dir), final=False)
+            if "SUBMITIT_EXECUTOR" in os.environ:
+                return  # in a SLURM job: the launcher sees the failure and cancels the others
             raise Abort(
                 DptError(
                     f"job {record['job']} failed ({record['error']}); sweep stopped "
@@ -94,7 +96,7 @@ def _job_info(config: DictConfig) -> dict[str, Any]:
     return {"job": int(config.hydra.job.num), "overrides": list(config.hydra.overrides.task)}
 
 
-# --- one job's status ------------------------------------------------------------------------------
+# --- one job's status -----------------------------------------------------------------------------
 
 
 def write_status(job_dir: Path, record: dict[str, Any]) -> None:
@@ -141,7 +143,7 @@ def _result_dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-# --- the sweep's summary ---------------------------------------------------------------------------
+# --- the sweep's summary --------------------------------------------------------------------------
 
 
 def collect(sweep_dir: Path, final: bool) -> list[dict[str, Any]]:
@@ -252,7 +254,7 @@ def format_table(table: list[dict[str, Any]]) -> str:
 
 
 def plot(path: Path, table: list[dict[str, Any]]) -> Path | None:
-    """Throughput and final loss per job, as horizontal bars; failed jobs are labelled, not drawn."""
+    """Throughput and final loss per job as bars; a failed job gets its status instead of a bar."""
     if not table:
         return None
     import matplotlib

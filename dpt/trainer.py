@@ -47,7 +47,7 @@ class Progress:
     step: int = 0  # optimizer steps done
     epoch: int = 0  # the epoch in progress (0-based)
     step_in_epoch: int = 0  # optimizer steps done inside `epoch`
-    bad_samples: int = 0  # unreadable inputs skipped, world-wide
+    bad_samples: int = 0  # unreadable inputs skipped, world-wide, in finished epochs
     best_val: dict[str, float] = field(default_factory=dict)
     stale_epochs: int = 0  # epochs without improvement of the early-stopping metric
 
@@ -106,6 +106,7 @@ class Trainer:
         self.accum = settings.grad_accum_steps
         self.non_blocking = env.device.type == "cuda"  # pinned batches copy while the GPU computes
         self.progress = Progress()
+        self.bad_in_epoch = 0  # this rank's unreadable samples; summed over ranks at epoch end
         self.val: dict[str, float] = {}
 
     # --- the loop ---------------------------------------------------------------------------
@@ -201,7 +202,7 @@ class Trainer:
             group.append(batch)
             if len(group) < self.accum:
                 continue
-            p.bad_samples += sum(b[2] for b in group)
+            self.bad_in_epoch += sum(b[2] for b in group)
             yield group, time.perf_counter() - fetch_start
             group, remaining = [], remaining - 1
             if remaining == 0:
@@ -260,7 +261,9 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         if p.step % self.metrics.log_every:
             self.metrics.flush(p.step, p.epoch, lr)  # the epoch's last partial window
-        (bad,) = all_reduce_sum([p.bad_samples], self.env)
+        (bad,) = all_reduce_sum([self.bad_in_epoch], self.env)
+        p.bad_samples += int(bad)
+        self.bad_in_epoch = 0
         if self.loaders.val is not None:
             self.val = evaluate(
                 self.model,

@@ -12,12 +12,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from dpt import checkpoint
-from dpt.config import CheckpointConfig, TrainerConfig
+from dpt.config import CheckpointConfig, TrainerConfig, build
 from dpt.data.loaders import build_loaders
 from dpt.distributed import (
     DistEnv,
@@ -57,8 +56,8 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     settings = _typed(TrainerConfig, cfg.trainer)
     seed_everything(settings.seed)
 
-    data = instantiate(cfg.dataset, seed=settings.seed)
-    strategy: Strategy = instantiate(cfg.strategy)
+    data = build(cfg.dataset, seed=settings.seed)
+    strategy: Strategy = build(cfg.strategy)
     worker_init = functools.partial(_init_loader_worker, env.rank, log_file)
     loaders = build_loaders(data, env, settings.batch_size, settings.seed, worker_init)
     torch.manual_seed(settings.seed)  # identical initial weights on every rank, every strategy
@@ -66,9 +65,9 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     model = strategy.wrap(model, env)
     if settings.compile:
         model = torch.compile(model)
-    optimizer = instantiate(cfg.optimizer)(model.parameters())
+    optimizer = build(cfg.optimizer)(model.parameters())
     total_steps = planned_steps(loaders, settings, env.world_size)
-    scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total_steps)
+    scheduler = build(cfg.scheduler)(optimizer, total_steps=total_steps)
 
     resumed = checkpoint.resolve_resume(cfg.checkpoint.resume, run_dir)
     start_step = resumed[1]["step"] if resumed else 0

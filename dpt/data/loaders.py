@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -82,15 +83,20 @@ class Loaders:
         self.train_sampler.start_index = skip_batches * self.batch_size
 
 
-def build_loaders(data: DataModule, env: DistEnv, batch_size: int, seed: int,
-                  worker_init_fn: Callable[[int], None] | None = None) -> Loaders:
+def build_loaders(
+    data: DataModule,
+    env: DistEnv,
+    batch_size: int,
+    seed: int,
+    worker_init_fn: Callable[[int], None] | None = None,
+) -> Loaders:
     """Shard with DistributedSampler even in one process, so `single` with batch B*N sees exactly
     the batches that N ddp ranks with batch B see together (same permutation, same seed)."""
     sampler = ResumableSampler(
         data.train, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed
     )
     common = _loader_options(data.num_workers, env, seed, worker_init_fn)
-    # drop_last keeps every rank's batch the same size, so the all-reduced mean is the big-batch mean.
+    # drop_last: every rank's batch has the same size, so the all-reduced mean is the big-batch mean.
     train = DataLoader(data.train, batch_size=batch_size, sampler=sampler, drop_last=True, **common)
     val = None
     if data.val is not None:
@@ -99,8 +105,9 @@ def build_loaders(data: DataModule, env: DistEnv, batch_size: int, seed: int,
     return Loaders(train, sampler, val, batch_size)
 
 
-def _loader_options(num_workers: int, env: DistEnv, seed: int,
-                    worker_init_fn: Callable[[int], None] | None) -> dict[str, Any]:
+def _loader_options(
+    num_workers: int, env: DistEnv, seed: int, worker_init_fn: Callable[[int], None] | None
+) -> dict[str, Any]:
     options: dict[str, Any] = {
         "num_workers": num_workers,
         "collate_fn": collate_drop_bad,
@@ -111,6 +118,10 @@ def _loader_options(num_workers: int, env: DistEnv, seed: int,
     }
     if num_workers > 0:
         options["worker_init_fn"] = worker_init_fn
+        if sys.platform == "linux":
+            # Ranks started by elastic_launch inherit its "spawn" method, so each loader worker
+            # would re-import torch (seconds each); fork is what workers get under torchrun.
+            options["multiprocessing_context"] = "fork"
         # Workers live across epochs: no re-spawn (and no dataset re-pickling) every epoch.
         options["persistent_workers"] = True
         options["prefetch_factor"] = 4

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 
+from dpt.config import build
+
 
 def build_model(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    model = instantiate(cfg, input_shape=tuple(input_shape), num_classes=num_classes)
+    model = build(cfg, input_shape=tuple(input_shape), num_classes=num_classes)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model._target_ built a {type(model).__name__}, not a torch.nn.Module")
     return model

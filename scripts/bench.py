@@ -1,0 +1,210 @@
+#!/usr/bin/env python
+"""dpt's performance, measured side by side; writes docs/performance.md and its plots.
+
+    python scripts/bench.py                 # everything (about 10 minutes on 2 CPU cores)
+    python scripts/bench.py --quick         # a smoke run (1-2 minutes): fewer rounds and steps
+    python scripts/bench.py --sections gpu  # only the GPU path (needs CUDA)
+    python scripts/bench.py --out /tmp/perf # write the report elsewhere
+
+Sections: `loops` (dpt against a hand-written loop; single vs dp vs ddp), `startup` (time to
+the first optimizer step; cost of logging every step), `pipeline` (JPEG images/s per loader
+worker), `sync` (gradient all-reduce bus bandwidth; per-step costs), `gpu` (ResNet-18 bf16
+channels_last, synthetic and GPU-decoded JPEG; runs only where CUDA is available).
+
+Every comparison alternates its contenders run by run (A, B, A, B, ...) and reports medians and
+paired ratios: on a shared machine single absolute times say little. Runs go to a temporary
+folder; only the report and its PNGs are written, to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import bench_pipeline
+import bench_report
+import bench_runs as runs
+import bench_sync
+from bench_common import REPO
+from bench_runs import Job, Workload
+
+SECTIONS = ("loops", "startup", "pipeline", "sync", "gpu")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 round, MLP only, few steps")
+    p.add_argument("--out", type=Path, default=REPO / "docs", help="where the report goes")
+    p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
+    p.add_argument("--rounds", type=int, default=None, help="A/B rounds (default 3, quick 1)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="for loops/startup")
+    p.add_argument(
+        "--threads", type=int, default=1, help="intra-op threads per CPU process (default 1)"
+    )
+    p.add_argument("--world-sizes", default=None, help="ddp worlds, e.g. 2,4 (default: 2)")
+    args = p.parse_args(argv)
+    args.sections = [s for s in args.sections.split(",") if s]
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
+    args.worlds = [int(w) for w in args.world_sizes.split(",")] if args.world_sizes else [2]
+    return args
+
+
+def workloads(quick: bool, device: str) -> dict[str, Workload]:
+    """The throughput workloads. On 2 CPU cores ResNet-18 sees 32 px images for 30 steps."""
+    mlp = Workload("mlp", batch_size=64, warmup_steps=50, steps=1050, device=device)
+    resnet = Workload(
+        "resnet18", batch_size=32, warmup_steps=10, steps=30, image_size=32, device=device
+    )
+    if quick:
+        return {"mlp": replace(mlp, warmup_steps=20, steps=120)}
+    return {"mlp": mlp, "resnet18": resnet}
+
+
+def child_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if args.device == "cpu":
+        # One thread per process for both loops: on a shared box, a multi-threaded process
+        # stalls whenever one of its threads loses its core (OpenMP barriers), which buries
+        # every difference in noise. It is also what torchrun sets for multi-process jobs.
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    return env
+
+
+def loops_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
+    """(1) dpt / plain throughput; (2) single vs dp vs ddp, scaling efficiency."""
+    loops, strategies, groups = [], [], []
+    plans = []
+    for work in workloads(args.quick, args.device).values():
+        single = (Job("plain", "single", 1, work), Job("dpt", "single", 1, work))
+        dp = Job("dpt", "dp", 1, work)
+        ddps = [(Job("plain", "ddp", n, work), Job("dpt", "ddp", n, work)) for n in args.worlds]
+        groups += [[*single, dp], *([*pair] for pair in ddps)]
+        plans.append((single, dp, ddps))
+    results = runs.run_rounds(groups, args.rounds, tmp / "loops", child_env(args), say)
+    for single, dp, ddps in plans:
+        loops += [runs.loop_ratio_row(results, *pair) for pair in (single, *ddps)]
+        strategies += runs.strategy_rows(results, single[1], [dp, *(pair[1] for pair in ddps)])
+    return {"loops": loops, "strategies": strategies, "workloads": workloads(args.quick, args.device)}
+
+
+def startup_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
+    """(5) time to the first optimizer step; the cost of logging every step (MLP: its steps are
+    the shortest, so any fixed per-step cost shows most)."""
+    steps = 120 if args.quick else 300
+    every = Workload("mlp", 64, warmup_steps=20, steps=steps, log_every=1, device=args.device)
+    rarely = replace(every, log_every=runs.LOG_RARELY)
+    worlds = [("single", 1)] if args.quick else [("single", 1), *(("ddp", n) for n in args.worlds)]
+    groups = [
+        [Job("plain", s, n, every), Job("dpt", s, n, every), Job("dpt", s, n, rarely)]
+        for s, n in worlds
+    ]
+    results = runs.run_rounds(groups, args.rounds, tmp / "startup", child_env(args), say)
+    return {
+        "startup": [runs.startup_row(results, g[0], g[1]) for g in groups],
+        "logging": [runs.logging_row(results, g[1], g[2], g[0]) for g in groups],
+    }
+
+
+def pipeline_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
+    """(3) images/s per loader worker: training transform against decode-only."""
+    count, rounds = (12, 2) if args.quick else (100, 5)
+    root = bench_pipeline.make_jpegs(tmp / "coco", count)
+    say(f"  {count} JPEGs of 640x480 written; timing one worker")
+    rows = bench_pipeline.measure_cpu(root, image_size=224, rounds=rounds)
+    if torch.cuda.is_available():
+        rows += bench_pipeline.measure_gpu_decode(
+            root, 224, batch=128, rounds=rounds, device=torch.device("cuda")
+        )
+    return {"pipeline": rows, "pipeline_files": count}
+
+
+def sync_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
+    """(4) gradient all-reduce against a bare all-reduce, on a 2-rank Gloo world; and the
+    per-step costs of dpt's loop at world sizes 1 and 2."""
+    models = [bench_sync.SyncModel("mlp", 64, rounds=10 if args.quick else 30)]
+    if not args.quick:
+        models.append(bench_sync.SyncModel("resnet18", 32, image_size=32, rounds=7))
+    calls = 50 if args.quick else 300
+    world2 = bench_sync.measure(2, models, args.threads, calls)
+    say("  2-rank world done")
+    world1 = bench_sync.measure(1, [], args.threads, calls)
+    return {"sync": world2["models"], "per_step": {1: world1["per_step"], 2: world2["per_step"]}}
+
+
+def gpu_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
+    """ResNet-18, bf16, channels_last, 224 px on one GPU: dpt against the plain loop on
+    synthetic images; the model's ceiling against JPEGs decoded on the GPU."""
+    import bench_gpu
+
+    if not torch.cuda.is_available():
+        say("  no CUDA device: GPU section skipped")
+        return {"gpu": None}
+    root = bench_pipeline.make_jpegs(tmp / "gpu-coco", 200)
+    workers = max(1, min(8, (os.cpu_count() or 2) - 2))
+    in_process = bench_gpu.measure(root, torch.device("cuda"), workers=workers)
+    say("  in-process GPU measurements done")
+    work = Workload(
+        "resnet18", batch_size=256, warmup_steps=10, steps=40, image_size=224, device="cuda",
+        precision="bf16-mixed", channels_last=True, num_workers=workers, num_samples=16384,
+    )  # fmt: skip
+    pair = (Job("plain", "single", 1, work), Job("dpt", "single", 1, work))
+    results = runs.run_rounds([pair], max(3, args.rounds), tmp / "gpu", child_env(args), say)
+    return {
+        "gpu": {
+            "device": torch.cuda.get_device_name(),
+            "workers": workers,
+            "in_process": in_process,
+            "loop": runs.loop_ratio_row(results, *pair),
+        }
+    }
+
+
+RUNNERS = {
+    "loops": loops_section,
+    "startup": startup_section,
+    "pipeline": pipeline_section,
+    "sync": sync_section,
+    "gpu": gpu_section,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = time.time()
+
+    def say(message: str) -> None:
+        print(f"[{time.time() - started:6.0f} s] {message}", flush=True)
+
+    results: dict[str, Any] = {}
+    meta = bench_report.machine(args.threads)
+    with tempfile.TemporaryDirectory(prefix="dpt-bench-") as tmp:
+        for name in args.sections:
+            say(f"section {name}")
+            results |= RUNNERS[name](args, Path(tmp), say)
+    meta |= {
+        "command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "duration_s": time.time() - started,
+        "load_after": os.getloadavg(),
+        "quick": args.quick,
+        "rounds": args.rounds,
+        "threads": args.threads,
+        "device": args.device,
+    }
+    path = bench_report.write(args.out, results, meta)
+    say(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

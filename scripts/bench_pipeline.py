@@ -1,0 +1,167 @@
+"""The input pipeline of one loader worker: JPEG images per second for the training sample (decode,
+random-resized crop, flip, normalize) against decoding alone, on the same photo-sized files.
+
+A DataLoader worker runs one intra-op thread, so everything here runs with one thread. The files
+are made up (a smooth colour field plus grain, 640x480, quality 90: about the size and entropy of
+a COCO photo) and laid out as COCO, so the dpt variant is `CocoClassification.__getitem__` itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_jpeg, read_file
+from torchvision.transforms import v2
+
+from bench_common import Stat, paired_ratios, time_calls
+from dpt.data.coco import CocoClassification
+from dpt.data.images import IMAGENET_MEAN, IMAGENET_STD, read_image_rgb, train_transform
+
+SPLIT = "train"
+
+
+def make_jpegs(root: Path, count: int, size: tuple[int, int] = (640, 480), seed: int = 0) -> Path:
+    """`count` JPEGs under root/train/ and a one-category COCO annotation file; returns root."""
+    rng = np.random.default_rng(seed)
+    (root / SPLIT).mkdir(parents=True)
+    (root / "annotations").mkdir()
+    width, height = size
+    images, annotations = [], []
+    for i in range(1, count + 1):
+        name = f"{i:012d}.jpg"
+        _photo_like(rng, width, height).save(root / SPLIT / name, quality=90)
+        images.append({"id": i, "file_name": name, "width": width, "height": height})
+        box = [width / 4, height / 4, width / 2, height / 2]
+        annotations.append(
+            {"id": i, "image_id": i, "category_id": 1, "bbox": box, "area": box[2] * box[3]}
+        )
+    coco = {"images": images, "annotations": annotations, "categories": [{"id": 1, "name": "x"}]}
+    (root / "annotations" / f"instances_{SPLIT}.json").write_text(json.dumps(coco))
+    return root
+
+
+def _photo_like(rng: np.random.Generator, width: int, height: int) -> Image.Image:
+    # Pure noise compresses to ~5x a photo's size and flat colour to a tenth: a smooth field with
+    # grain lands where photos do (about 50-100 kB at 640x480, quality 90).
+    coarse = rng.integers(0, 256, (height // 40, width // 40, 3), dtype=np.uint8)
+    smooth = np.asarray(Image.fromarray(coarse).resize((width, height), Image.BICUBIC), np.float32)
+    grain = rng.normal(0.0, 6.0, smooth.shape)
+    return Image.fromarray(np.clip(smooth + grain, 0, 255).astype(np.uint8))
+
+
+def files_of(root: Path) -> list[Path]:
+    return sorted((root / SPLIT).glob("*.jpg"))
+
+
+def cpu_variants(root: Path, image_size: int) -> dict[str, Callable[[int], Any]]:
+    """Name -> a function of the sample index. Pairs: (decoder, decode only | train sample)."""
+    files = files_of(root)
+    dataset = CocoClassification(root, SPLIT, transform=train_transform(image_size))
+    crop_flip = v2.Compose([v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()])
+    pil_train = v2.Compose(
+        [
+            v2.RandomResizedCrop(image_size, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.PILToTensor(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+    return {
+        "decode_jpeg: decode only": lambda i: decode_jpeg(
+            read_file(str(files[i])), mode=ImageReadMode.RGB
+        ),
+        "decode_jpeg: dpt train sample": lambda i: dataset[i],
+        "decode_jpeg: crop+flip, uint8 out": lambda i: crop_flip(read_image_rgb(files[i])),
+        "PIL: decode only": lambda i: _pil_rgb(files[i]),
+        "PIL: train transform": lambda i: pil_train(_pil_rgb(files[i])),
+    }
+
+
+def _pil_rgb(path: Path) -> Image.Image:
+    with Image.open(path) as img:
+        return img.convert("RGB")  # convert() decodes the whole image
+
+
+def measure_cpu(root: Path, image_size: int, rounds: int) -> list[dict[str, Any]]:
+    """Images/s of one worker per variant, each round one pass over the files per variant."""
+    torch.set_num_threads(1)  # what a DataLoader worker runs with
+    torch.manual_seed(0)
+    variants = cpu_variants(root, image_size)
+    count = len(files_of(root))
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(rounds + 1):  # round 0 warms the page cache and the allocators
+        for name, sample in variants.items():
+            (elapsed,) = time_calls(lambda sample=sample: [sample(i) for i in range(count)], 1)
+            if r:
+                rates[name].append(count / elapsed)
+    rows = []
+    for name, values in rates.items():
+        decoder, what = name.split(": ")
+        ceiling = rates[f"{decoder}: decode only"]
+        rows.append(
+            {
+                "decoder": decoder,
+                "what": what,
+                "images_s": Stat.of(values),
+                "vs_decode": paired_ratios(values, ceiling),
+            }
+        )
+    return rows
+
+
+def gpu_batch_transform(image_size: int) -> Callable[[list[torch.Tensor]], torch.Tensor]:
+    """The training transform on decoded images on the device: a random-resized crop per image,
+    then flip and normalize the whole batch (bf16 is what the model eats)."""
+    crop = v2.RandomResizedCrop(image_size, antialias=True)
+    flip = v2.RandomHorizontalFlip()
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+
+    def transform(images: list[torch.Tensor]) -> torch.Tensor:
+        batch = torch.stack([flip(crop(img)) for img in images]).float().div_(255)
+        return (batch - mean.to(batch.device)) / std.to(batch.device)
+
+    return transform
+
+
+def measure_gpu_decode(
+    root: Path, image_size: int, batch: int, rounds: int, device: torch.device
+) -> list[dict[str, Any]]:
+    """Batched `decode_jpeg(list, device=...)` alone and with the training transform on the device;
+    the compressed bytes are already in host memory (what loader workers would hand over)."""
+    data = [read_file(str(p)) for p in files_of(root)]
+    batches = [[data[(k * batch + i) % len(data)] for i in range(batch)] for k in range(4)]
+    transform = gpu_batch_transform(image_size)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def decode(items: list[torch.Tensor]) -> list[torch.Tensor]:
+        return decode_jpeg(items, mode=ImageReadMode.RGB, device=device)  # type: ignore[return-value]
+
+    def run(fn: Callable[[list[torch.Tensor]], Any]) -> float:
+        sync()
+        (elapsed,) = time_calls(lambda: ([fn(b) for b in batches], sync()), 1)
+        return len(batches) * batch / elapsed
+
+    variants = {"decode only": decode, "train transform": lambda b: transform(decode(b))}
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(rounds + 1):
+        for name, fn in variants.items():
+            rate = run(fn)
+            if r:
+                rates[name].append(rate)
+    return [
+        {
+            "decoder": f"decode_jpeg batched on {device.type}",
+            "what": name,
+            "images_s": Stat.of(values),
+            "vs_decode": paired_ratios(values, rates["decode only"]),
+        }
+        for name, values in rates.items()
+    ]

@@ -1,0 +1,289 @@
+"""dpt and the plain loop run the way users run them, as subprocesses, and what their timestamps say.
+
+Both loops read the loss back every `log_every` steps and stamp the wall clock there: dpt in its
+rank-0 TensorBoard events (`train/loss`), the plain loop in a JSON file. Throughput is taken
+between the same two logging steps of both (`warmup_steps` and `steps`), so the window holds the
+same steps, the same logging work and the same epoch boundaries, and excludes start-up and warmup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench_common import REPO, Stat, paired_ratios
+
+LOG_RARELY = 10**6  # `trainer.log_every_n_steps` that never triggers inside a run
+
+
+class BenchError(RuntimeError):
+    """A benchmark run failed; the message holds the tail of its output."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model on its data, with every knob the two loops share."""
+
+    model: str  # mlp (synthetic vectors) | resnet18 (fake_images)
+    batch_size: int  # per process
+    warmup_steps: int  # the window starts after this step (a multiple of log_every)
+    steps: int  # the run stops and the window ends here (a multiple of log_every)
+    log_every: int = 10
+    image_size: int = 32
+    num_workers: int = 0
+    device: str = "cpu"
+    precision: str = "32"
+    channels_last: bool = False
+    num_samples: int | None = None  # None: the data set's default
+
+
+@dataclass(frozen=True)
+class Job:
+    loop: str  # dpt | plain
+    strategy: str  # single | dp | ddp
+    world: int  # processes
+    work: Workload
+
+    @property
+    def label(self) -> str:
+        suffix = f" x{self.world}" if self.strategy == "ddp" else ""
+        return f"{self.loop} {self.strategy}{suffix}"
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.work.batch_size * self.world
+
+    def command(self, run_dir: Path) -> list[str]:
+        return self._dpt(run_dir) if self.loop == "dpt" else self._plain(run_dir)
+
+    def _dpt(self, run_dir: Path) -> list[str]:
+        w = self.work
+        cmd = [
+            sys.executable,
+            str(REPO / "train.py"),
+            f"model={w.model}",
+            f"strategy={self.strategy}",
+            f"trainer.batch_size={w.batch_size}",
+            f"trainer.max_steps={w.steps}",
+            "trainer.epochs=100000",  # max_steps decides
+            f"trainer.log_every_n_steps={w.log_every}",
+            f"trainer.device={w.device}",
+            f"trainer.precision={w.precision}",
+            "checkpoint.enabled=false",
+            f"dataset.num_workers={w.num_workers}",
+            "dataset.num_val_samples=0",
+            f"hydra.run.dir={run_dir}",
+        ]
+        if w.model != "mlp":
+            cmd += [
+                "dataset=fake_images",
+                f"dataset.image_size={w.image_size}",
+                f"model.channels_last={str(w.channels_last).lower()}",
+            ]
+        if w.num_samples:
+            cmd.append(f"dataset.num_samples={w.num_samples}")
+        if self.strategy == "ddp":
+            cmd.append(f"launcher.nproc_per_node={self.world}")
+        return cmd
+
+    def _plain(self, run_dir: Path) -> list[str]:
+        if self.strategy == "dp":
+            raise ValueError("the plain loop has no DataParallel")
+        w = self.work
+        cmd = [
+            sys.executable,
+            str(REPO / "scripts" / "plain_loop.py"),
+            f"--model={w.model}",
+            f"--batch-size={w.batch_size}",
+            f"--steps={w.steps}",
+            f"--nproc={self.world}",
+            f"--log-every={w.log_every}",
+            f"--image-size={w.image_size}",
+            f"--num-workers={w.num_workers}",
+            f"--device={w.device}",
+            f"--precision={w.precision}",
+            f"--out={run_dir / 'plain.json'}",
+        ]
+        if w.channels_last:
+            cmd.append("--channels-last")
+        if w.num_samples:
+            cmd.append(f"--num-samples={w.num_samples}")
+        return cmd
+
+
+@dataclass
+class RunResult:
+    launched: float  # time.time() just before the process started
+    stamps: dict[int, float]  # logging step -> wall-clock time, rank 0
+    losses: dict[int, float]  # logging step -> rank 0's mean loss over the window
+    fit_wall_s: float | None = None  # dpt only: Trainer.fit's own wall time (metrics.json)
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def samples_per_s(self, job: Job) -> float:
+        w = job.work
+        elapsed = self.stamps[w.steps] - self.stamps[w.warmup_steps]
+        return (w.steps - w.warmup_steps) * job.samples_per_step / elapsed
+
+    def first_step_s(self) -> float:
+        """From `Popen` to the end of optimizer step 1 (needs log_every=1 for the stamp)."""
+        return self.stamps[1] - self.launched
+
+
+def run_job(job: Job, run_dir: Path, env: dict[str, str], timeout_s: float) -> RunResult:
+    run_dir.mkdir(parents=True)
+    console = run_dir / "console.txt"
+    with console.open("w") as out:
+        launched = time.time()
+        proc = subprocess.Popen(
+            job.command(run_dir),
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a timeout kills the workers too
+        )
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = f"timeout after {timeout_s:.0f} s"
+    if code != 0:
+        tail = "\n".join(console.read_text().splitlines()[-15:])
+        raise BenchError(f"{job.label} ({job.work.model}) failed: exit {code}\n{tail}")
+    return _read_dpt(run_dir, launched) if job.loop == "dpt" else _read_plain(run_dir, launched)
+
+
+def _read_dpt(run_dir: Path, launched: float) -> RunResult:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tb" / "rank0"), size_guidance={"scalars": 0})
+    events.Reload()
+    loss = events.Scalars("train/loss")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    return RunResult(
+        launched,
+        stamps={e.step: e.wall_time for e in loss},
+        losses={e.step: e.value for e in loss},
+        fit_wall_s=metrics["wall_time_s"],
+    )
+
+
+def _read_plain(run_dir: Path, launched: float) -> RunResult:
+    record = json.loads((run_dir / "plain.json").read_text())
+    return RunResult(
+        launched,
+        stamps={int(k): v for k, v in record["stamps"].items()},
+        losses={int(k): v for k, v in record["losses"].items()},
+    )
+
+
+Results = dict[Job, list[RunResult]]
+
+
+def run_rounds(
+    groups: Sequence[Sequence[Job]],
+    rounds: int,
+    tmp: Path,
+    env: dict[str, str],
+    say: Callable[[str], None],
+    timeout_s: float = 600,
+) -> Results:
+    """Every job once per round, the jobs of a group back to back (A, B, A, B, ... over rounds),
+    so each ratio compares neighbours in time."""
+    results: Results = {}
+    for r in range(rounds):
+        for g, group in enumerate(groups):
+            for j, job in enumerate(group):
+                start = time.perf_counter()
+                run_dir = tmp / f"r{r}-g{g}-j{j}-{job.loop}-{job.strategy}"
+                results.setdefault(job, []).append(run_job(job, run_dir, env, timeout_s))
+                say(
+                    f"  round {r + 1}/{rounds}  {job.work.model:8s} {job.label:14s} "
+                    f"({time.perf_counter() - start:4.1f} s)"
+                )
+    return results
+
+
+# --- what the runs say --------------------------------------------------------------------------
+
+
+def throughputs(results: Results, job: Job) -> list[float]:
+    return [r.samples_per_s(job) for r in results[job]]
+
+
+def loop_ratio_row(results: Results, plain: Job, dpt: Job) -> dict[str, object]:
+    """dpt against the plain loop on one model, strategy and world size."""
+    p, d = throughputs(results, plain), throughputs(results, dpt)
+    n = dpt.work.steps
+    loss_gap = max(abs(a.losses[n] - b.losses[n]) for a, b in zip(results[dpt], results[plain]))
+    return {
+        "model": dpt.work.model,
+        "strategy": dpt.strategy,
+        "world": dpt.world,
+        "batch": dpt.work.batch_size,
+        "plain": Stat.of(p),
+        "dpt": Stat.of(d),
+        "ratio": paired_ratios(d, p),
+        "loss_gap": loss_gap,
+    }
+
+
+def strategy_rows(results: Results, single: Job, others: Sequence[Job]) -> list[dict[str, object]]:
+    """Samples/s of each strategy; weak-scaling efficiency against `single` with the same
+    per-process batch, paired round by round."""
+    base = throughputs(results, single)
+    rows = []
+    for job in (single, *others):
+        t = throughputs(results, job)
+        rows.append(
+            {
+                "model": job.work.model,
+                "strategy": job.strategy,
+                "world": job.world,
+                "batch": job.work.batch_size,
+                "global_batch": job.samples_per_step,
+                "samples_s": Stat.of(t),
+                "efficiency": Stat.of([a / (job.world * b) for a, b in zip(t, base)]),
+            }
+        )
+    return rows
+
+
+def startup_row(results: Results, plain: Job, dpt: Job) -> dict[str, object]:
+    """Time from launch to the end of the first optimizer step (both runs log every step)."""
+    p = [r.first_step_s() for r in results[plain]]
+    d = [r.first_step_s() for r in results[dpt]]
+    return {
+        "strategy": dpt.strategy,
+        "world": dpt.world,
+        "plain": Stat.of(p),
+        "dpt": Stat.of(d),
+        "extra_s": Stat.of([a - b for a, b in zip(d, p)]),
+        "ratio": paired_ratios(d, p),
+    }
+
+
+def logging_row(results: Results, every_step: Job, rarely: Job, plain: Job) -> dict[str, object]:
+    """Per-step cost of reading back and writing metrics at every step, from Trainer.fit's wall
+    time at log_every_n_steps=1 against a run that never logs inside (same steps otherwise)."""
+    steps = every_step.work.steps
+    cost = [(a.fit_wall_s - b.fit_wall_s) / steps for a, b in zip(results[every_step], results[rarely])]  # type: ignore[operator]
+    step_s = [b.fit_wall_s / steps for b in results[rarely]]  # type: ignore[operator]
+    return {
+        "strategy": every_step.strategy,
+        "world": every_step.world,
+        "step_ms": Stat.of([s * 1e3 for s in step_s]),
+        "cost_ms": Stat.of([c * 1e3 for c in cost]),
+        "cost_pct": Stat.of([100 * c / s for c, s in zip(cost, step_s)]),
+        "ratio_at_1": paired_ratios(
+            throughputs(results, every_step), throughputs(results, plain)
+        ),
+    }

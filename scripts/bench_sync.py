@@ -1,0 +1,247 @@
+"""Gradient synchronisation and the loop's per-step costs, inside a real world of processes.
+
+Bus bandwidth (the nccl-tests convention): busbw = 2 (n - 1) / n x bytes / time, for an
+all-reduce over n ranks. Three ways to time the gradients' all-reduce, alternated round by round:
+
+- bare: `dist.all_reduce` of one flat fp32 tensor as large as all the gradients;
+- ddp, comm hook: dpt's DDP wrapper with a hook that stamps each bucket's all-reduce from launch
+  to completion; the union of those intervals is the time the step spent communicating;
+- ddp, exposed: a forward+backward step minus the same step under `no_sync()`: what the
+  all-reduce adds to the step after overlapping with backward.
+
+The per-step costs are dpt's own calls timed in place: the agreement on non-finite loss and stop
+signals (`agree_max`, once per step) and `MetricsLogger.step` at log_every_n_steps 1 and 10.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import os
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from bench_common import Stat, paired_ratios, time_calls
+from dpt.distributed import DistEnv, agree_max, env_from_environment, init_process_group
+from dpt.distributed import destroy_process_group as dpt_destroy
+from dpt.logs import setup_logging
+from dpt.metrics import MetricsLogger
+from dpt.models.mlp import MLP
+from dpt.models.resnet import resnet
+from dpt.strategy import DDP
+
+
+@dataclass(frozen=True)
+class SyncModel:
+    name: str  # mlp | resnet18
+    batch_size: int  # per rank
+    image_size: int = 32
+    rounds: int = 7
+
+
+def measure(world: int, models: list[SyncModel], threads: int, per_step_calls: int) -> dict:
+    """Start `world` CPU ranks over Gloo; rank 0's measurements come back as a dict."""
+    with tempfile.TemporaryDirectory(prefix="dpt-bench-sync-") as tmp:
+        out = Path(tmp) / "sync.json"
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+        env |= {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}
+        os.environ.update(env)
+        try:
+            args = ([asdict(m) for m in models], threads, per_step_calls, Path(tmp))
+            mp.spawn(_rank, args=args, nprocs=world)
+        finally:
+            for key in env:
+                os.environ.pop(key, None)
+        return json.loads(out.read_text(), object_hook=_stat_from_json)
+
+
+def _rank(rank: int, models: list[dict], threads: int, calls: int, tmp: Path) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    torch.set_num_threads(threads)
+    env = env_from_environment("cpu")
+    init_process_group(env, timeout_s=600)
+    try:
+        report: dict[str, Any] = {"per_step": per_step_costs(env, tmp, calls)}
+        if env.world_size > 1:
+            report["models"] = [sync_of(SyncModel(**m), env) for m in models]
+        if rank == 0:
+            (tmp / "sync.json").write_text(json.dumps(report, default=_stat_to_json))
+    finally:
+        dpt_destroy()
+
+
+def _stat_to_json(value: object) -> object:
+    if isinstance(value, Stat):
+        return asdict(value)
+    raise TypeError(type(value))
+
+
+def _stat_from_json(obj: dict[str, Any]) -> object:
+    return Stat(**obj) if obj.keys() == {"median", "low", "high", "n"} else obj
+
+
+# --- gradient all-reduce --------------------------------------------------------------------
+
+
+class BucketTimer:
+    """A DDP comm hook that does what the default does (mean all-reduce) and stamps each
+    bucket from launch to completion."""
+
+    def __init__(self) -> None:
+        self.starts: dict[int, float] = {}
+        self.ends: dict[int, float] = {}
+
+    # No annotations on `bucket` and the result: DDP checks them against the real classes, and
+    # `from __future__ import annotations` turns them into strings that fail that check.
+    def hook(self, state, bucket):  # type: ignore[no-untyped-def]
+        index = bucket.index()
+        self.starts[index] = time.perf_counter()
+        future = default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+
+        def done(f: torch.futures.Future) -> torch.Tensor:
+            self.ends[index] = time.perf_counter()
+            return f.value()
+
+        return future.then(done)
+
+    def busy_s(self) -> float:
+        """Seconds with a bucket in flight, each bucket counted from the moment the last rank
+        launched it: a rank that reaches a bucket late (its backward ran slower) is not billed
+        as communication. perf_counter is one clock for all processes of a machine."""
+        order = sorted(self.starts)
+        starts = torch.tensor([self.starts[i] for i in order], dtype=torch.float64)
+        dist.all_reduce(starts, op=dist.ReduceOp.MAX)
+        spans = sorted(zip(starts.tolist(), (self.ends[i] for i in order), strict=True))
+        self.starts.clear()
+        self.ends.clear()
+        total, end = 0.0, float("-inf")
+        for a, b in spans:  # the union of the intervals: buckets queue behind each other
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        return total
+
+
+def _build(spec: SyncModel) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    if spec.name == "mlp":
+        model: nn.Module = MLP((32,), 10, [256, 256])
+        inputs = torch.randn(spec.batch_size, 32)
+    else:
+        model = resnet((3, spec.image_size, spec.image_size), 10, arch=spec.name)
+        inputs = torch.randn(spec.batch_size, 3, spec.image_size, spec.image_size)
+    return model, inputs, torch.randint(0, 10, (spec.batch_size,))
+
+
+def sync_of(spec: SyncModel, env: DistEnv) -> dict[str, Any]:
+    model, inputs, labels = _build(spec)
+    numel = sum(p.numel() for p in model.parameters())
+    flat = torch.zeros(numel)
+    ddp = DDP().wrap(copy.deepcopy(model), env)  # dpt's defaults: 25 MB buckets, bucket views
+    static = DDP(static_graph=True).wrap(copy.deepcopy(model), env)
+    bf16 = DDP(comm_hook="bf16").wrap(copy.deepcopy(model), env)
+    hooked, timer = DDP().wrap(copy.deepcopy(model), env), BucketTimer()
+    hooked.register_comm_hook(None, timer.hook)  # type: ignore[operator]
+
+    def step(m: nn.Module, sync: bool = True) -> None:
+        with contextlib.nullcontext() if sync else m.no_sync():  # type: ignore[operator]
+            F.cross_entropy(m(inputs), labels).backward()
+        m.zero_grad(set_to_none=True)
+
+    variants = {
+        "bare": lambda: dist.all_reduce(flat),
+        "sync": lambda: step(ddp),
+        "no_sync": lambda: step(ddp, sync=False),
+        "hooked": lambda: step(hooked),
+        "static": lambda: step(static),
+        "bf16": lambda: step(bf16),
+    }
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    busy: list[float] = []
+    for r in range(spec.rounds + 2):  # two warmup rounds: DDP rebuilds its buckets at first
+        for name, fn in variants.items():
+            dist.barrier()  # both ranks start together: rank 0's clock times the collective
+            (elapsed,) = time_calls(fn, 1)
+            if name == "hooked":
+                busy.append(timer.busy_s())
+            if r >= 2:
+                times[name].append(elapsed)
+    busy = busy[2:]
+    factor = 2 * (env.world_size - 1) / env.world_size * 4 * numel / 1e9  # GB moved per busbw s
+    exposed = [a - b for a, b in zip(times["sync"], times["no_sync"])]
+    exposed_bf16 = [a - b for a, b in zip(times["bf16"], times["no_sync"])]
+    return {
+        "model": spec.name,
+        "params_m": numel / 1e6,
+        "mbytes": 4 * numel / 1e6,
+        "bare_ms": Stat.of([t * 1e3 for t in times["bare"]]),
+        "bare_busbw": Stat.of([factor / t for t in times["bare"]]),
+        "hook_ms": Stat.of([t * 1e3 for t in busy]),
+        "hook_busbw": Stat.of([factor / t for t in busy]),
+        "hook_vs_bare": paired_ratios(times["bare"], busy),
+        "step_ms": Stat.of([t * 1e3 for t in times["sync"]]),
+        "no_sync_ms": Stat.of([t * 1e3 for t in times["no_sync"]]),
+        "exposed_ms": Stat.of([t * 1e3 for t in exposed]),
+        "exposed_bf16_ms": Stat.of([t * 1e3 for t in exposed_bf16]),
+        "static_vs_default": paired_ratios(times["sync"], times["static"]),
+        "bf16_vs_default": paired_ratios(times["sync"], times["bf16"]),
+    }
+
+
+# --- per-step costs of dpt's loop -----------------------------------------------------------
+
+
+def per_step_costs(env: DistEnv, tmp: Path, calls: int) -> dict[str, Any]:
+    """Microseconds per step of the calls Trainer.fit makes every step besides the training."""
+    loss = torch.tensor(0.5)
+    costs = {
+        "agree_max_us": Stat.of([t * 1e6 for t in time_calls(lambda: agree_max([0.0, 0.0], env), calls)]),
+        "isfinite_item_us": Stat.of(
+            [t * 1e6 for t in time_calls(lambda: bool(torch.isfinite(loss).item()), calls)]
+        ),
+    }
+    for every in (1, 10):
+        costs[f"metrics_step_us_every_{every}"] = _metrics_step_us(env, tmp / f"m{every}", every, calls)
+    return costs
+
+
+def _metrics_step_us(env: DistEnv, run_dir: Path, every: int, calls: int) -> Stat:
+    """`MetricsLogger.step` as the loop calls it, its console lines going to a rank log file
+    (and stdout, here swallowed). Timed in blocks of `every` steps: the per-step mean of a block
+    holds one read-back, TensorBoard write and world aggregation."""
+    setup_logging(f"rank {env.rank}", run_dir / "logs" / f"rank{env.rank}.log")
+    loss = torch.tensor(0.5)
+    step = 0
+    with contextlib.redirect_stdout(io.StringIO()):  # before the logger: no progress bar
+        metrics = MetricsLogger(run_dir, env, every, total_steps=10**9)
+
+        def block() -> None:
+            nonlocal step
+            for _ in range(every):
+                step += 1
+                metrics.step(step, 0, loss, 64, 1e-4, 1e-3)
+
+        try:
+            blocks = time_calls(block, max(3, calls // every))
+        finally:
+            metrics.close()
+    return Stat.of([t / every * 1e6 for t in blocks])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,186 @@
+"""Image workloads end to end: COCO fixture, ResNets, fake images, validation across world sizes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from dpt.errors import DptError
+from dpt.models.resnet import resnet
+from scripts.make_coco_fixture import make_fixture
+from tests.helpers import FAST, train
+
+SMALL = [
+    "dataset.image_size=32",
+    "dataset.num_workers=1",
+    "trainer.batch_size=4",
+    "trainer.log_every_n_steps=2",
+]
+
+
+@pytest.fixture(scope="module")
+def coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("coco")
+    make_fixture(root)
+    return root
+
+
+@pytest.mark.timeout(300)
+def test_ddp_trains_resnet18_on_the_coco_fixture(coco: Path, tmp_path: Path) -> None:
+    result = train(
+        tmp_path,
+        "experiment=coco_resnet18",
+        f"dataset.root={coco}",
+        *SMALL,
+        "trainer.epochs=1",
+        "launcher.nproc_per_node=2",
+        timeout=280,
+    )
+    assert "strategy=ddp | world size 2" in result.stdout
+    assert (
+        "coco train2017: kept 30 of 32 images (2 without a non-crowd annotation)" in result.stdout
+    )
+    # The truncated and the missing train files: one warning naming each, and a count.
+    for name in ("000000000109.jpg", "000000000110.jpg"):
+        assert f"skipping unreadable image {coco / 'train2017' / name}" in result.stdout
+    assert "2 unreadable samples skipped" in result.stdout
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["bad_samples"] == 2
+    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 8
+    # 13 kept val images, 2 unreadable: 11 evaluated, each once, with top-1 and top-5 accuracy.
+    assert metrics["val"]["val/samples"] == 11
+    assert 0.0 <= metrics["val"]["val/acc1"] <= metrics["val"]["val/acc5"] <= 1.0
+    acc = EventAccumulator(str(tmp_path / "tb" / "world"))
+    acc.Reload()
+    assert {"val/acc1", "val/acc5", "val/loss"} <= set(acc.Tags()["scalars"])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 1])
+def test_bad_image_with_error_policy_stops_naming_the_file(
+    coco: Path, tmp_path: Path, workers: int
+) -> None:
+    result = train(
+        tmp_path,
+        "model=resnet18",
+        "dataset=coco",
+        f"dataset.root={coco}",
+        *SMALL,
+        f"dataset.num_workers={workers}",
+        "dataset.on_bad_image=error",
+        "trainer.epochs=1",
+        check=False,
+    )
+    assert result.returncode == 1
+    line = result.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith(f"Error: unreadable image {coco / 'train2017'}/0000000001")
+
+
+@pytest.mark.timeout(300)
+def test_validation_counts_each_sample_once_for_world_sizes_1_2_3(tmp_path: Path) -> None:
+    # lr=0 keeps the initial weights, so every world size must report the same numbers.
+    common = [
+        *FAST,
+        "dataset.num_val_samples=101",
+        "optimizer.lr=0",
+        "trainer.max_steps=2",
+        "strategy=ddp",
+        "trainer.batch_size=8",
+    ]
+    results = {}
+    for world in (1, 2, 3):
+        train(tmp_path / str(world), *common, f"launcher.nproc_per_node={world}")
+        results[world] = json.loads((tmp_path / str(world) / "metrics.json").read_text())["val"]
+    for world in (1, 2, 3):
+        assert results[world]["val/samples"] == 101
+        assert results[world]["val/acc1"] == pytest.approx(results[1]["val/acc1"], abs=1e-6)
+        assert results[world]["val/loss"] == pytest.approx(results[1]["val/loss"], rel=1e-5)
+
+
+@pytest.mark.timeout(200)
+def test_resnet18_on_fake_images(tmp_path: Path) -> None:
+    train(
+        tmp_path,
+        "model=resnet18",
+        "dataset=fake_images",
+        "dataset.image_size=32",
+        "dataset.num_samples=32",
+        "dataset.num_val_samples=8",
+        "dataset.num_workers=0",
+        "trainer.batch_size=8",
+        "trainer.epochs=1",
+        "model.channels_last=true",
+    )
+    state = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert state["fc.weight"].shape == (10, 512)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["model=resnet18"],
+            "Error: model=resnet18 takes images (C, H, W), but the dataset "
+            "gives inputs of shape (32,) (use model=mlp for vectors)",
+        ),
+        (
+            ["dataset=fake_images", "dataset.image_size=32"],
+            "Error: model=mlp takes vectors, but the dataset gives inputs of shape (3, 32, 32) "
+            "(use an image model such as model=resnet18)",
+        ),
+        (
+            ["dataset=coco", "dataset.root=/nonexistent/coco"],
+            "Error: dataset.root=/nonexistent/coco: folder not found",
+        ),
+        (["dataset=coco"], "Error: dataset.root: required, set it with dataset.root=..."),
+    ],
+    ids=["image-model-on-vectors", "mlp-on-images", "missing-root", "no-root"],
+)
+def test_model_dataset_mismatch_and_missing_paths(
+    tmp_path: Path, overrides: list[str], message: str
+) -> None:
+    result = train(tmp_path / "run", *overrides, check=False)
+    assert result.returncode == 1
+    assert result.stderr.strip() == message
+
+
+@pytest.mark.timeout(120)
+def test_missing_and_truncated_annotation_files(coco: Path, tmp_path: Path) -> None:
+    root = tmp_path / "coco"
+    (root / "annotations").mkdir(parents=True)
+    (root / "train2017").mkdir()
+    missing = train(
+        tmp_path / "a", "model=resnet18", "dataset=coco", f"dataset.root={root}", check=False
+    )
+    ann = root / "annotations" / "instances_train2017.json"
+    assert missing.stderr.strip() == f"Error: dataset=coco: COCO annotation file not found: {ann}"
+    text = (coco / "annotations" / "instances_train2017.json").read_text()
+    ann.write_text(text[: len(text) // 2])
+    truncated = train(
+        tmp_path / "b", "model=resnet18", "dataset=coco", f"dataset.root={root}", check=False
+    )
+    assert truncated.stderr.strip().startswith(
+        f"Error: dataset=coco: COCO annotation file is not valid JSON: {ann}"
+    )
+
+
+def test_local_weights_load_except_a_head_of_another_size(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    imagenet = torchvision.models.resnet18(weights=None)  # 1000 classes
+    path = tmp_path / "resnet18.pt"
+    torch.save(imagenet.state_dict(), path)
+    model = resnet((3, 32, 32), num_classes=7, weights=str(path))
+    assert torch.equal(model.conv1.weight, imagenet.conv1.weight)
+    assert model.fc.weight.shape == (7, 512)
+    with pytest.raises(DptError, match=r"model\.weights=.*nope\.pt: file not found"):
+        resnet((3, 32, 32), num_classes=7, weights=str(tmp_path / "nope.pt"))
+    torch.save({"conv1.weight": torch.zeros(1)}, tmp_path / "other.pt")
+    with pytest.raises(DptError, match="does not fit model=resnet18"):
+        resnet((3, 32, 32), num_classes=7, weights=str(tmp_path / "other.pt"))

@@ -1,0 +1,170 @@
+"""Two "nodes" on one machine: two torchrun processes, `--nnodes=2`, one world.
+
+Each torchrun is a node with one process; together they must end with the same weights as one
+node running both processes, and write one run folder: rank 0's (as on a shared file system).
+The last test puts each node in its own network namespace with its own address.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import (
+    FAST,
+    REPO,
+    TRAIN,
+    Result,
+    load_weights,
+    max_abs_diff,
+    run_cmd,
+    train,
+)
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+COMMON = [*FAST, "trainer.max_steps=10", "trainer.seed=3", "trainer.batch_size=32", "strategy=ddp"]
+NETNS_SCRIPT = REPO / "scripts" / "netns_two_hosts.sh"
+# One thread per rank: two ranks share the two cores without oversubscribing them.
+ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_together(cmds: list[list[str]], timeout: float) -> list[Result]:
+    """Start all commands at once, wait for all (each is killed, with its children, on timeout)."""
+    with ThreadPoolExecutor(len(cmds)) as pool:
+        futures = [pool.submit(run_cmd, cmd, timeout=timeout, env=ENV) for cmd in cmds]
+        return [f.result() for f in futures]
+
+
+def node_cmd(rdzv: list[str], run_dir: Path, prefix: tuple[str, ...] = ()) -> list[str]:
+    return [
+        *prefix,
+        *TORCHRUN,
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        *rdzv,
+        str(TRAIN),
+        *COMMON,
+        "launcher=torchrun",
+        f"hydra.run.dir={run_dir}",
+    ]
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: the same world size (2) on one node, started by the local launcher."""
+    run_dir = tmp_path_factory.mktemp("one_node") / "run"
+    train(run_dir, *COMMON, "launcher.nproc_per_node=2", env=ENV)
+    return run_dir
+
+
+def check_world(node_dirs: list[Path], one_node: Path) -> None:
+    """Rank 0's folder holds every rank's files; the other node made no folder of its own."""
+    made = [d for d in node_dirs if d.exists()]
+    assert len(made) == 1, made
+    run_dir = made[0]
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["rank0.log", "rank1.log"]
+    assert sorted(p.name for p in (run_dir / "tb").iterdir()) == ["rank0", "rank1", "world"]
+    assert "world size 2" in (run_dir / "logs" / "rank1.log").read_text()
+    assert max_abs_diff(load_weights(run_dir), load_weights(one_node)) < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_c10d_rendezvous_two_nodes_equal_one_node(tmp_path: Path, one_node: Path) -> None:
+    rdzv = [
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+        f"--rdzv_id={uuid.uuid4().hex[:8]}",
+    ]
+    dirs = [tmp_path / f"node{n}" for n in (0, 1)]
+    run_together([node_cmd(rdzv, d) for d in dirs], timeout=150)
+    check_world(dirs, one_node)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_static_rendezvous_two_nodes_equal_one_node(tmp_path: Path, one_node: Path) -> None:
+    port = free_port()
+    dirs = [tmp_path / f"node{n}" for n in (0, 1)]
+    cmds = [
+        node_cmd(
+            [
+                "--rdzv_backend=static",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                f"--node_rank={n}",
+            ],
+            d,
+        )
+        for n, d in enumerate(dirs)
+    ]
+    run_together(cmds, timeout=150)
+    check_world(dirs, one_node)
+    assert dirs[0].exists()  # static: node_rank 0 holds global rank 0
+
+
+def _netns_unavailable() -> str | None:
+    if os.name != "posix" or os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "iproute2 (`ip`) is not installed"
+    return None
+
+
+@pytest.fixture
+def two_hosts() -> Iterator[list[tuple[str, str]]]:
+    """Two namespaces with their own addresses (scripts/netns_two_hosts.sh); always torn down."""
+    reason = _netns_unavailable()
+    if reason:
+        pytest.skip(reason)
+    name = f"dpt{os.getpid() % 100000}"
+    up = subprocess.run(
+        ["bash", str(NETNS_SCRIPT), "up", name], capture_output=True, text=True, timeout=30
+    )
+    try:
+        if up.returncode != 0:
+            pytest.skip(f"cannot create network namespaces here: {up.stderr.strip()}")
+        yield [(line.split()[0], line.split()[1]) for line in up.stdout.splitlines()]
+    finally:
+        subprocess.run(["bash", str(NETNS_SCRIPT), "down", name], timeout=30, check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_network_namespaces_equal_one_node(
+    tmp_path: Path, one_node: Path, two_hosts: list[tuple[str, str]]
+) -> None:
+    (ns0, addr0), _ = two_hosts
+    port = 29500  # a fresh namespace has every port free
+    dirs = [tmp_path / f"node{n}" for n in (0, 1)]
+    cmds = []
+    for n, ((ns, addr), run_dir) in enumerate(zip(two_hosts, dirs, strict=True)):
+        rdzv = [
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={addr0}:{port}",
+            "--rdzv_id=netns",
+            # The hostname resolves to 127.0.0.1 in every namespace: say who hosts the store
+            # and which address rank 0 advertises, and which interface Gloo uses.
+            f"--rdzv_conf=is_host={int(n == 0)},read_timeout=60",
+            f"--local_addr={addr}",
+        ]
+        prefix = ("ip", "netns", "exec", ns, "env", "GLOO_SOCKET_IFNAME=eth0")
+        cmds.append(node_cmd(rdzv, run_dir, prefix))
+    assert ns0.endswith("-h0")
+    run_together(cmds, timeout=200)
+    check_world(dirs, one_node)

@@ -1,0 +1,173 @@
+"""Checkpoints and exact resume: a stopped, resumed run ends with the uninterrupted run's weights."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.helpers import FAST, TRAIN, load_weights, train
+
+DDP = ["strategy=ddp", "launcher.nproc_per_node=2", "trainer.batch_size=32"]
+# 2048 samples / (2 ranks x 32) = 32 steps per epoch: 40 steps cross an epoch boundary.
+CKPT = ["checkpoint.every_n_steps=5", "trainer.log_every_n_steps=5"]
+# A wider net makes each step take long enough to kill the run mid-training.
+WIDE = ["model.hidden_dims=[512,512]"]
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = load_weights(a), load_weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+def _tb_steps(folder: Path, tag: str = "train/loss") -> list[int]:
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ddp_stopped_by_max_steps_resumes_to_the_same_weights(tmp_path: Path, workers: int) -> None:
+    common = [*FAST, *DDP, *CKPT, f"dataset.num_workers={workers}"]
+    train(tmp_path / "full", *common, "trainer.max_steps=40")
+    train(tmp_path / "cut", *common, "trainer.max_steps=25")
+    assert (tmp_path / "cut" / "checkpoints" / "step-00000025.pt").exists()
+    resumed = train(tmp_path / "cut", *common, "trainer.max_steps=40")
+    assert "resumed from" in resumed.stdout and "at step 25" in resumed.stdout
+    _assert_same_weights(tmp_path / "full", tmp_path / "cut")
+    # The curves continue at the right step, without duplicates.
+    for folder in ("rank0", "rank1", "world"):
+        assert _tb_steps(tmp_path / "cut" / "tb" / folder) == _tb_steps(
+            tmp_path / "full" / "tb" / folder
+        )
+
+
+def _run_until(
+    run_dir: Path, overrides: list[str], marker: str, sig: int, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Start a run, wait for `marker` on stdout, send `sig` to the whole process group."""
+    cmd = [sys.executable, str(TRAIN), *overrides, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + timeout
+    lines = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if marker in line:
+                os.killpg(proc.pid, sig)
+                break
+            assert time.monotonic() < deadline, "marker never appeared"
+        else:
+            raise AssertionError(f"run ended before {marker!r}:\n{''.join(lines)}")
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines) + stdout, stderr)
+
+
+@pytest.mark.timeout(400)
+def test_ddp_killed_mid_training_resumes_to_the_same_weights(tmp_path: Path) -> None:
+    common = [*FAST, *DDP, *CKPT, *WIDE, "dataset.num_workers=2", "trainer.max_steps=40"]
+    train(tmp_path / "full", *common)
+    killed = _run_until(tmp_path / "cut", common, "[rank 0] epoch 1 | step 10/40", signal.SIGKILL)
+    assert killed.returncode == -signal.SIGKILL
+    assert not (tmp_path / "cut" / "model.pt").exists()  # it really died before the end
+    left = sorted(p.name for p in (tmp_path / "cut" / "checkpoints").glob("step-*.pt"))
+    assert left and left[-1] < "step-00000040.pt"
+    resumed = train(tmp_path / "cut", *common)
+    assert "resumed from" in resumed.stdout
+    _assert_same_weights(tmp_path / "full", tmp_path / "cut")
+    steps = _tb_steps(tmp_path / "cut" / "tb" / "rank0")
+    assert steps == sorted(set(steps)) == _tb_steps(tmp_path / "full" / "tb" / "rank0")
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes(tmp_path: Path) -> None:
+    common = [*FAST, *WIDE, "trainer.log_every_n_steps=5", "trainer.max_steps=60"]
+    train(tmp_path / "full", *common)
+    stopped = _run_until(tmp_path / "cut", common, "step 10/60", signal.SIGTERM)
+    assert stopped.returncode == 1
+    message = stopped.stderr.strip().splitlines()[-1]
+    assert message.startswith("Error: stopped by SIGTERM after step ")
+    assert f"Resume: the same command with hydra.run.dir={tmp_path / 'cut'}" in message
+    step = int(message.split("after step ")[1].split(";")[0])
+    assert 10 <= step < 60
+    assert (tmp_path / "cut" / "checkpoints" / f"step-{step:08d}.pt").exists()
+    train(tmp_path / "cut", *common)
+    _assert_same_weights(tmp_path / "full", tmp_path / "cut")
+
+
+@pytest.mark.timeout(300)
+def test_truncated_or_corrupt_checkpoint_is_refused_and_auto_falls_back(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    common = [*FAST, "trainer.log_every_n_steps=5", "checkpoint.every_n_steps=5"]
+    train(run, *common, "trainer.max_steps=15")
+    ckpts = run / "checkpoints"
+    newest = ckpts / "step-00000015.pt"
+    data = newest.read_bytes()
+    newest.write_bytes(data[: len(data) // 2])  # cut off mid-write
+    (ckpts / "step-00000010.pt").write_bytes(os.urandom(4096))  # corrupt
+
+    explicit = train(
+        tmp_path / "other",
+        *common,
+        f"checkpoint.resume={newest}",
+        "trainer.max_steps=20",
+        check=False,
+    )
+    assert explicit.returncode == 1
+    assert explicit.stderr.strip().startswith(
+        f"Error: checkpoint {newest} is unreadable (cut off or corrupt):"
+    )
+
+    auto = train(run, *common, "trainer.max_steps=20")
+    assert f"checkpoint {newest} is unreadable (cut off or corrupt)" in auto.stdout
+    assert f"resumed from {ckpts / 'step-00000005.pt'} at step 5" in auto.stdout
+
+
+@pytest.mark.timeout(120)
+def test_resume_path_that_does_not_exist(tmp_path: Path) -> None:
+    result = train(tmp_path / "run", *FAST, "checkpoint.resume=/nonexistent/step-1.pt", check=False)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "Error: checkpoint.resume=/nonexistent/step-1.pt: file not found"
+    )
+
+
+@pytest.mark.timeout(120)
+def test_checkpoints_keep_only_the_newest(tmp_path: Path) -> None:
+    train(tmp_path, *FAST, "checkpoint.every_n_steps=2", "checkpoint.keep=2", "trainer.max_steps=9")
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["step-00000008.pt", "step-00000009.pt"]  # 9: the end of a cut-short epoch
+    state = torch.load(tmp_path / "checkpoints" / names[-1], weights_only=True)
+    assert {
+        "model",
+        "optimizer",
+        "scheduler",
+        "scaler",
+        "progress",
+        "rng",
+        "config",
+    } <= state.keys()
+    assert state["progress"]["step"] == 9 and state["progress"]["step_in_epoch"] == 9
+    assert "strategy:" in state["config"]

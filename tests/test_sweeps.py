@@ -1,0 +1,134 @@
+"""`python train.py -m ...`: every job its own world and folder, and a summary of the sweep."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dpt.sweep import STATUS_FILE, report, write_status
+from tests.helpers import FAST, TRAIN, Result, run_cmd
+
+SHORT = [*FAST, "trainer.max_steps=5"]
+SWEEP_FILES = {"multirun.yaml", "summary.csv", "summary.png"}
+
+
+def multirun(sweep: Path, *overrides: str, timeout: float = 150, check: bool = True) -> Result:
+    cmd = [sys.executable, str(TRAIN), "-m", *SHORT, *overrides, f"hydra.sweep.dir={sweep}"]
+    return run_cmd(cmd, timeout=timeout, check=check)
+
+
+def summary(sweep: Path) -> list[dict[str, str]]:
+    with open(sweep / "summary.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def status(job_dir: Path) -> dict:
+    return json.loads((job_dir / STATUS_FILE).read_text())
+
+
+def ranks_in(job_dir: Path) -> tuple[list[str], list[str]]:
+    logs = sorted(p.name for p in (job_dir / "logs").iterdir())
+    tb = sorted(p.name for p in (job_dir / "tb").iterdir())
+    return logs, tb
+
+
+def skip_if_mps() -> None:
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        pytest.skip("these tests make a job fail with trainer.device=mps")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_by_two_sweep_mixing_ddp_and_single(tmp_path: Path) -> None:
+    """ddp jobs first: the single jobs after them would fail on a leftover RANK or WORLD_SIZE."""
+    sweep = tmp_path / "sweep"
+    result = multirun(sweep, "strategy=ddp,single", "trainer.batch_size=32,64", timeout=200)
+    assert {p.name for p in sweep.iterdir()} == {"0", "1", "2", "3", *SWEEP_FILES}
+    one = (["rank0.log"], ["rank0", "world"])
+    two = (["rank0.log", "rank1.log"], ["rank0", "rank1", "world"])
+    assert [ranks_in(sweep / job) for job in "0123"] == [two, two, one, one]
+    rows = summary(sweep)
+    assert [(r["job"], r["status"], r["world_size"]) for r in rows] == [
+        ("0", "COMPLETED", "2"),
+        ("1", "COMPLETED", "2"),
+        ("2", "COMPLETED", "1"),
+        ("3", "COMPLETED", "1"),
+    ]
+    assert {"strategy=ddp", "trainer.batch_size=64"} <= set(rows[1]["overrides"].split())
+    for row in rows:
+        assert float(row["final_loss"]) > 0 and float(row["samples_per_s"]) > 0
+        assert float(row["best_val/acc1"]) > 0 and float(row["wall_time_s"]) > 0
+    # The table names each job by what differs: the two swept keys.
+    assert "strategy=single trainer.batch_size=64" in result.stdout
+    assert (sweep / "summary.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_joblib_runs_two_ddp_jobs_at_once(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    multirun(
+        sweep,
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "strategy=ddp",
+        "trainer.seed=1,2",
+        timeout=200,
+    )
+    assert {p.name for p in sweep.iterdir()} == {"0", "1", *SWEEP_FILES}
+    for job in "01":
+        assert ranks_in(sweep / job) == (["rank0.log", "rank1.log"], ["rank0", "rank1", "world"])
+    assert [(r["status"], r["world_size"]) for r in summary(sweep)] == [("COMPLETED", "2")] * 2
+    first, second = status(sweep / "0"), status(sweep / "1")
+    overlap = min(first["ended_at"], second["ended_at"]) - max(
+        first["started_at"], second["started_at"]
+    )
+    assert overlap > 0, "the two jobs did not run at the same time"
+
+
+@pytest.mark.timeout(120)
+def test_failed_job_is_listed_and_the_next_jobs_run(tmp_path: Path) -> None:
+    """Job 1 fails while it starts training (no MPS here); jobs 0 and 2 run; exit status 1."""
+    skip_if_mps()
+    sweep = tmp_path / "sweep"
+    result = multirun(sweep, "trainer.device=cpu,mps,auto", check=False)
+    assert result.returncode == 1, result.output
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: 1 of 3 jobs failed (first: job 1: trainer.device=mps: MPS is")
+    rows = summary(sweep)
+    assert [r["status"] for r in rows] == ["COMPLETED", "FAILED", "COMPLETED"]
+    assert "trainer.device=mps: MPS is not available" in rows[1]["error"]
+    assert rows[1]["final_loss"] == "" and float(rows[2]["final_loss"]) > 0
+    assert status(sweep / "2")["result"]["steps"] == 5
+
+
+@pytest.mark.timeout(120)
+def test_stop_on_failure_ends_the_sweep_at_the_first_failed_job(tmp_path: Path) -> None:
+    skip_if_mps()
+    sweep = tmp_path / "sweep"
+    result = multirun(
+        sweep,
+        "hydra.callbacks.summary.stop_on_failure=true",
+        "trainer.device=mps,cpu",
+        check=False,
+    )
+    assert result.returncode == 1, result.output
+    assert "sweep stopped (hydra.callbacks.summary.stop_on_failure=true)" in result.stderr
+    assert not (sweep / "1").exists()
+    assert [(r["job"], r["status"]) for r in summary(sweep)] == [("0", "FAILED")]
+
+
+@pytest.mark.timeout(60)
+def test_a_job_that_never_reported_its_end_is_listed_as_crashed(tmp_path: Path) -> None:
+    """A job killed before its on_job_end (OOM, SIGKILL) leaves its RUNNING status behind."""
+    write_status(tmp_path / "0", {"job": 0, "overrides": ["a=1"], "status": "RUNNING"})
+    finished = {"job": 1, "overrides": ["a=2"], "status": "COMPLETED", "error": None}
+    write_status(tmp_path / "1", {**finished, "result": {"final_loss": 0.5, "samples_per_s": 9}})
+    records = report(tmp_path, final=True)
+    assert [(r["job"], r["status"]) for r in records] == [(0, "CRASHED"), (1, "COMPLETED")]
+    assert [r["status"] for r in summary(tmp_path)] == ["CRASHED", "COMPLETED"]

@@ -1,0 +1,241 @@
+"""Precision, accumulation, clipping, schedules, non-finite losses, early stopping, compile."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from dpt.config import CheckpointConfig, TrainerConfig
+from dpt.data.loaders import build_loaders
+from dpt.data.synthetic import SyntheticData
+from dpt.distributed import destroy_process_group, env_from_environment, init_process_group
+from dpt.metrics import MetricsLogger
+from dpt.models.mlp import MLP
+from dpt.precision import Precision
+from dpt.schedulers import warmup_cosine
+from dpt.strategy import DDP
+from dpt.trainer import Trainer
+from tests.helpers import FAST, load_weights, max_abs_diff, train
+
+
+def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+@pytest.mark.timeout(200)
+def test_accumulating_two_batches_of_16_equals_one_batch_of_32(tmp_path: Path) -> None:
+    common = [*FAST, "optimizer=sgd", "trainer.max_steps=20", "trainer.seed=5"]
+    train(tmp_path / "accum", *common, "trainer.batch_size=16", "trainer.grad_accum_steps=2")
+    train(tmp_path / "big", *common, "trainer.batch_size=32")
+    accum, big = load_weights(tmp_path / "accum"), load_weights(tmp_path / "big")
+    assert max_abs_diff(accum, big) < 1e-6
+    torch.manual_seed(5)
+    assert max_abs_diff(MLP((32,), 10, [256, 256]).state_dict(), big) > 1e-3  # it trained
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _count_allreduces(rank: int, world: int, port: int, accum: int, steps: int, out: Path) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
+    env = env_from_environment("cpu")
+    init_process_group(env, timeout_s=60)
+    try:
+        loaders = build_loaders(SyntheticData(512, 0, 8, 3, seed=0), env, batch_size=8, seed=0)
+        torch.manual_seed(0)
+        model = DDP().wrap(MLP((8,), 3, [16]), env)
+        calls: list[int] = []
+
+        # No annotations: DDP compares them with dist.GradBucket, and here they are strings.
+        def counting_hook(state, bucket):  # type: ignore[no-untyped-def]
+            calls.append(bucket.index())
+            return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+
+        model.register_comm_hook(None, counting_hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        settings = TrainerConfig(batch_size=8, epochs=1, max_steps=steps, grad_accum_steps=accum)
+        metrics = MetricsLogger(out / f"run{accum}", env, log_every_n_steps=100, total_steps=steps)
+        trainer = Trainer(
+            model,
+            optimizer,
+            warmup_cosine(optimizer, steps, 0),
+            loaders,
+            env,
+            metrics,
+            settings,
+            CheckpointConfig(enabled=False),
+            out,
+            num_classes=3,
+        )
+        trainer.fit()
+        metrics.close()
+        (out / f"calls-accum{accum}-rank{rank}.json").write_text(json.dumps(calls))
+    finally:
+        destroy_process_group()
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("accum", [1, 2, 4])
+def test_ddp_all_reduces_once_per_optimizer_step_with_accumulation(
+    tmp_path: Path, accum: int
+) -> None:
+    steps = 3
+    mp.spawn(_count_allreduces, args=(2, _free_port(), accum, steps, tmp_path), nprocs=2, join=True)
+    for rank in (0, 1):
+        calls = json.loads((tmp_path / f"calls-accum{accum}-rank{rank}.json").read_text())
+        assert calls == [0] * steps  # one bucket, one all-reduce per optimizer step
+
+
+@pytest.mark.timeout(200)
+def test_bf16_mixed_trains_on_cpu(tmp_path: Path) -> None:
+    result = train(tmp_path, *FAST, "trainer.precision=bf16-mixed", "trainer.epochs=2")
+    assert "precision bf16-mixed" in result.stdout
+    losses = [v for _, v in _scalars(tmp_path / "tb" / "world", "train/loss")]
+    assert losses[-1] < 0.6 * losses[0]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["val"]["val/acc1"] > 0.6
+
+
+@pytest.mark.timeout(60)
+def test_fp16_without_cuda_is_refused() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: 16-mixed is allowed")
+    from dpt.errors import DptError
+
+    with pytest.raises(DptError, match=r"trainer\.precision=16-mixed needs CUDA"):
+        Precision("16-mixed", torch.device("cpu"))
+
+
+def test_clipping_returns_the_pre_clip_norm_and_leaves_the_bound() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(10, 10)
+    model(torch.randn(4, 10)).pow(2).sum().mul(100).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    expected = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
+    assert expected > 1.0
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    norm = Precision("32", torch.device("cpu")).clip_and_norm(model, optimizer, max_norm=1.0)
+    assert norm is not None and norm.item() == pytest.approx(expected.item(), rel=1e-6)
+    after = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    assert after.item() == pytest.approx(1.0, rel=1e-5)
+
+
+@pytest.mark.timeout(200)
+def test_grad_norm_and_lr_curves_are_logged(tmp_path: Path) -> None:
+    train(
+        tmp_path,
+        *FAST,
+        "trainer.max_steps=20",
+        "trainer.log_every_n_steps=1",
+        "trainer.grad_clip_norm=0.5",
+        "scheduler=warmup_cosine",
+        "scheduler.warmup_steps=5",
+        "scheduler.min_lr=1e-4",
+        "optimizer.lr=1e-3",
+    )
+    norms = _scalars(tmp_path / "tb" / "rank0", "optim/grad_norm")
+    assert [s for s, _ in norms] == list(range(1, 21)) and all(v > 0 for _, v in norms)
+    lrs = dict(_scalars(tmp_path / "tb" / "rank0", "optim/lr"))
+    # After step s, the next update uses the lr for step index s: warmup (s+1)/5, then cosine.
+    for step, lr in lrs.items():
+        if step < 5:
+            expected = 1e-3 * (step + 1) / 5
+        else:
+            progress = min(1.0, (step - 5) / (20 - 5 - 1))
+            expected = 1e-4 + (1e-3 - 1e-4) * 0.5 * (1 + math.cos(math.pi * progress))
+        assert lr == pytest.approx(expected, rel=1e-5), step
+    assert lrs[19] == pytest.approx(1e-4, rel=1e-5)  # the floor at the last step
+
+
+def test_warmup_cosine_curve() -> None:
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    schedule = warmup_cosine(optimizer, total_steps=11, warmup_steps=2, min_lr=0.1)
+    lrs = [schedule.get_last_lr()[0]]
+    for _ in range(11):
+        optimizer.step()
+        schedule.step()
+        lrs.append(schedule.get_last_lr()[0])
+    assert lrs[:3] == pytest.approx([0.5, 1.0, 1.0])  # linear warmup, then the peak
+    assert lrs[10] == pytest.approx(0.1)  # the floor at the last step (index total - 1)
+    assert all(a >= b for a, b in itertools.pairwise(lrs[2:11]))  # monotone decay
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("strategy", ["single", "ddp"])
+def test_non_finite_loss_stops_naming_step_and_rank(tmp_path: Path, strategy: str) -> None:
+    result = train(
+        tmp_path,
+        *FAST,
+        f"strategy={strategy}",
+        "optimizer=sgd",
+        "optimizer.lr=1e30",
+        "trainer.max_steps=10",
+        check=False,
+    )
+    assert result.returncode == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert "non-finite loss" in line and "at step 2 on rank 0" in line, line
+    assert "set trainer.on_nonfinite=skip" in line
+
+
+@pytest.mark.timeout(200)
+def test_non_finite_loss_can_be_skipped(tmp_path: Path) -> None:
+    result = train(
+        tmp_path,
+        *FAST,
+        "optimizer=sgd",
+        "optimizer.lr=1e30",
+        "trainer.max_steps=6",
+        "trainer.on_nonfinite=skip",
+    )
+    assert "skipping the update of step 2 on rank 0: non-finite loss" in result.stdout
+    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 6
+
+
+@pytest.mark.timeout(200)
+def test_early_stopping_ends_the_run_when_the_metric_stalls(tmp_path: Path) -> None:
+    # lr=0: the weights never change, so val/acc1 never improves after the first epoch.
+    result = train(
+        tmp_path,
+        *FAST,
+        "optimizer.lr=0",
+        "trainer.epochs=5",
+        "trainer.early_stopping.patience=1",
+        "trainer.early_stopping.metric=val/acc1",
+        "trainer.early_stopping.mode=max",
+    )
+    assert "early stopping: val/acc1 did not improve for 1 epoch(s)" in result.stdout
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["stopped_early"] is True
+    assert metrics["steps"] == 2 * (2048 // 64)
+
+
+@pytest.mark.timeout(400)
+def test_compile_trains(tmp_path: Path) -> None:
+    train(tmp_path / "compiled", *FAST, "trainer.compile=true", "trainer.max_steps=4", timeout=380)
+    train(tmp_path / "eager", *FAST, "trainer.max_steps=4")
+    diff = max_abs_diff(load_weights(tmp_path / "compiled"), load_weights(tmp_path / "eager"))
+    assert diff < 1e-4  # same training, up to kernel-fusion rounding
