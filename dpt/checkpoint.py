@@ -11,8 +11,9 @@ import logging
 import os
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -36,19 +37,36 @@ def save(state: dict[str, Any], folder: Path, step: int, keep: int) -> Path:
     """Write `step-<step>.pt` atomically, then delete all but the newest `keep` checkpoints."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step-{step:08d}.pt"
-    tmp = folder / f".{path.name}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as error:
-        tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"could not write checkpoint {path}: {error}") from error
+    write_atomically(path, lambda f: torch.save(state, f), what="checkpoint")
     for old in list_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
     return path
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], None], what: str) -> None:
+    """Temporary file, flush, fsync, rename: `path` is the old file or the complete new one,
+    never a half-written one (a full disk or a kill mid-write leaves the previous file intact)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as error:
+        reason = _write_failure(error, path.parent)
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"could not write {what} {path}: {reason}") from error
+
+
+def _write_failure(error: BaseException, folder: Path) -> str:
+    # torch.save reports a full disk as "enforce fail at inline_container.cc ... unexpected pos":
+    # name the real cause when the file system is (nearly) out of space.
+    if not isinstance(error, OSError):
+        stat = os.statvfs(folder)
+        if stat.f_bavail * stat.f_frsize < 64 * 1024:
+            return "no space left on device"
+    return _first_line(error)
 
 
 def list_checkpoints(folder: Path) -> list[Path]:

@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 from dpt.config import build, register_configs, validate
 from dpt.errors import Abort, DptError, one_line
 from dpt.launch import follow_torchrun, is_torchrun_follower
+from dpt.logs import setup_logging
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -28,6 +29,7 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     hydra_cfg = HydraConfig.get()
     try:
         validate(cfg)  # in a multirun, this job's own overrides are first seen here
+        setup_logging("launcher")  # lines from this process, as opposed to a rank's
         launcher = build(cfg.launcher)
         return launcher.run(cfg, Path(hydra_cfg.runtime.output_dir))
     except DptError as error:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from dpt.config import validate
 from dpt.errors import Abort, ConfigError
@@ -19,14 +21,28 @@ class ValidateConfig(Callback):
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _validate(config)
+        _validate(config, "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _validate(config)
+        _validate(config, "hydra.sweep.dir")
 
 
-def _validate(config: DictConfig) -> None:
+def _validate(config: DictConfig, folder_key: str) -> None:
     try:
         validate(config)
+        check_writable(Path(str(OmegaConf.select(config, folder_key))), folder_key)
     except ConfigError as error:
         raise Abort(error) from error
+
+
+def check_writable(folder: Path, key: str) -> None:
+    """Fail now, in one line, rather than after workers started (or deep inside Hydra)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ConfigError(
+            f"{key}={folder}: the output folder cannot be written ({reason})"
+        ) from error

@@ -90,9 +90,7 @@ def launch_local_world(
         monitor_interval=0.1,
         start_method="spawn",
     )
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    with restored_environ(), stdlib_start_method():
+    with restored_environ(), stdlib_start_method(), quiet_elastic_logs():
         try:
             results = elastic_launch(config, run_worker)(cfg_dict, str(run_dir))
         except ChildFailedError as failed:
@@ -101,19 +99,19 @@ def launch_local_world(
 
 
 def describe_failure(failed: Any, run_dir: Path) -> str:
-    """One line naming the first rank that failed and its error (from torchelastic's error file)."""
+    """One line naming the first rank that failed and why (from torchelastic's error file)."""
     rank, failure = failed.get_first_failure()
+    log_file = run_dir / "logs" / f"rank{rank}.log"
     raw = failure.message
-    if isinstance(raw, dict):  # the error file of `@record`: {"message": ..., "extraInfo": ...}
+    if isinstance(raw, dict):  # the error file's {"message": ..., "extraInfo": ...}
         raw = raw.get("message")
-    message = str(raw or f"exit code {failure.exitcode}")
-    if isinstance(failure.message, str) and failure.message.startswith("To enable traceback"):
-        message = f"exit code {failure.exitcode}" + (
-            f" (signal {failure.signal_name()})" if failure.exitcode < 0 else ""
-        )
-    for prefix in ("DptError: ", "ConfigError: "):
-        message = message.removeprefix(prefix)
-    return f"rank {rank} failed: {message.strip()} (log: {run_dir / 'logs' / f'rank{rank}.log'})"
+    if failure.exitcode < 0:
+        why = f"killed by {failure.signal_name()}"
+    elif not raw or str(raw).startswith("To enable traceback"):  # no error file was written
+        why = f"exit code {failure.exitcode}"
+    else:
+        why = str(raw).strip().removeprefix("DptError: ")
+    return f"rank {rank} failed: {why} (log: {log_file})"
 
 
 class TorchrunLauncher:
@@ -190,6 +188,23 @@ def stdlib_start_method() -> Iterator[None]:
         yield
     finally:
         multiprocessing.set_start_method(current, force=True)
+
+
+@contextlib.contextmanager
+def quiet_elastic_logs() -> Iterator[None]:
+    """The elastic agent logs each failure with tracebacks and each shutdown step; dpt reports
+    the failing rank in one line instead (describe_failure)."""
+    prefixes = ("torch.distributed", "torch.multiprocessing")
+    names = [n for n in logging.root.manager.loggerDict if n.startswith(prefixes)]
+    loggers = [logging.getLogger(n) for n in (*prefixes, *names)]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 LOGGER_NAME = "dpt"
+TRACE_LOGGER_NAME = "dpt_traceback"
 
 
 class _TqdmStreamHandler(logging.Handler):
@@ -40,9 +41,15 @@ def setup_logging(prefix: str, log_file: Path | None = None) -> logging.Logger:
     console = _TqdmStreamHandler()
     console.setFormatter(formatter)
     logger.addHandler(console)
+    trace = logging.getLogger(TRACE_LOGGER_NAME)
+    trace.propagate = False  # tracebacks go to the rank's file only, never to the console
+    for handler in list(trace.handlers):
+        trace.removeHandler(handler)
+        handler.close()
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         file_handler = logging.FileHandler(log_file)
         file_handler.setFormatter(logging.Formatter(f"%(asctime)s [{prefix}] %(message)s"))
         logger.addHandler(file_handler)
+        trace.addHandler(file_handler)
     return logger

@@ -55,6 +55,8 @@ class SweepSummary(Callback):
         if job_return.status != JobStatus.FAILED:
             return
         print(f"[sweep] job {record['job']} failed: {record['error']}", file=sys.stderr)
+        if "traceback" in record:  # a bug rather than bad input: show where
+            print(record["traceback"], file=sys.stderr, end="")
         if self.stop_on_failure:
             report(Path(config.hydra.sweep.dir), final=False)
             if "SUBMITIT_EXECUTOR" in os.environ:

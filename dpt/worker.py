@@ -7,13 +7,15 @@ import json
 import logging
 import os
 import random
+import re
+import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from dpt import checkpoint
 from dpt.config import CheckpointConfig, TrainerConfig, build
@@ -25,7 +27,8 @@ from dpt.distributed import (
     env_from_environment,
     init_process_group,
 )
-from dpt.logs import setup_logging
+from dpt.errors import DptError, one_line
+from dpt.logs import TRACE_LOGGER_NAME, setup_logging
 from dpt.metrics import MetricsLogger
 from dpt.models import build_model, unwrap
 from dpt.strategy import Strategy
@@ -35,7 +38,6 @@ log = logging.getLogger("dpt")
 T = TypeVar("T")
 
 
-@record  # a failing rank leaves its error in torchelastic's error file, for the launcher
 def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """Entry point of every rank: in-process, elastic launch, torchrun or SLURM started it."""
     env = env_from_environment(cfg_dict["trainer"]["device"])
@@ -45,8 +47,47 @@ def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         # may differ in `${now:...}` and must all write into one run folder.
         cfg_dict, run_dir = broadcast_object((cfg_dict, run_dir), env)
         return _run(OmegaConf.create(cfg_dict), Path(run_dir), env)
+    except Exception as error:
+        if "TORCHELASTIC_ERROR_FILE" not in os.environ:
+            raise  # in-process: the caller reports it
+        _exit_reporting(error)
     finally:
         destroy_process_group()
+
+
+PEER_FAILURE_GRACE_S = 2.0
+_PEER_FAILURE = re.compile(
+    r"Connection (closed|reset) by peer|remote worker crash|Broken pipe|NCCL communicator was "
+    r"aborted|Timed out|timed out|timeout",
+    re.I,
+)
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """Did this rank fail because another rank went away (a collective broke or timed out)?"""
+    return isinstance(error, torch.distributed.DistError) or bool(_PEER_FAILURE.search(str(error)))
+
+
+def _exit_reporting(error: Exception) -> NoReturn:
+    """Under an elastic agent (local launcher, torchrun): one console line, the traceback in this
+    rank's log file, the error in torchelastic's error file for the launcher's one-line report;
+    then exit 1 without a traceback, so a failure is not a wall of tracebacks from every rank."""
+    peer = is_peer_failure(error)
+    log.error(
+        "stopped: another rank failed or stopped answering"
+        if peer
+        else f"failed: {one_line(error)}"
+    )
+    logging.getLogger(TRACE_LOGGER_NAME).error("traceback", exc_info=error)
+    if peer:
+        # Only a consequence of another rank's failure: let that rank's exit be seen first, so
+        # the launcher names the cause, not this echo of it.
+        time.sleep(PEER_FAILURE_GRACE_S)
+    # A DptError is already a sentence; other errors keep their type name ("ValueError: ...").
+    ErrorHandler().record_exception(
+        DptError(one_line(error)) if isinstance(error, DptError) else error
+    )
+    raise SystemExit(1)
 
 
 def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
@@ -108,13 +149,16 @@ def _log_start(
     strategy: Strategy, env: DistEnv, settings: TrainerConfig, global_batch: int, total_steps: int
 ) -> None:
     backend = env.backend if env.world_size > 1 else "none"
+    if env.world_size > 1:  # where this world met: tells jobs of a sweep apart, helps debugging
+        backend += f" at {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
     accum = (
         f" x {settings.grad_accum_steps} accumulation steps"
         if settings.grad_accum_steps > 1
         else ""
     )
     log.info(
-        f"strategy={strategy.name} | world size {env.world_size} | device {env.device} | "
+        f"pid {os.getpid()} | strategy={strategy.name} | world size {env.world_size} | "
+        f"device {env.device} | "
         f"backend {backend} | precision {settings.precision} | batch per process "
         f"{settings.batch_size}{accum} | global batch {global_batch} | {total_steps} steps"
     )
@@ -158,8 +202,10 @@ def _summary(result: TrainResult, env: DistEnv, global_batch: int) -> dict[str, 
 
 
 def _write_outputs(run_dir: Path, model: torch.nn.Module, summary: dict[str, Any]) -> None:
-    torch.save(model.state_dict(), run_dir / "model.pt")
-    (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+    state = model.state_dict()
+    checkpoint.write_atomically(run_dir / "model.pt", lambda f: torch.save(state, f), "model")
+    text = (json.dumps(summary, indent=2) + "\n").encode()
+    checkpoint.write_atomically(run_dir / "metrics.json", lambda f: f.write(text), "metrics")
 
 
 def _hparams(cfg: DictConfig, env: DistEnv, global_batch: int, run_dir: Path) -> dict[str, Any]:

@@ -6,6 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,10 +56,34 @@ def run_cmd(
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         raise AssertionError(f"timed out after {timeout}s: {cmd}\n{stdout}\n{stderr}") from None
+    assert_no_leftovers(proc.pid)
     result = Result(proc.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}: {' '.join(cmd)}\n{result.output}")
     return result
+
+
+def session_members(session: int) -> list[int]:
+    """Live processes of a session (field 6 of /proc/<pid>/stat), zombies excluded."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        if int(fields[3]) == session and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def assert_no_leftovers(session: int, grace_s: float = 10.0) -> None:
+    """Every process a command started (workers, loader workers) must be gone once it returns."""
+    deadline = time.monotonic() + grace_s
+    while (left := session_members(session)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if left:
+        os.killpg(session, signal.SIGKILL)
+        raise AssertionError(f"processes left behind: {left}")
 
 
 def train(
@@ -70,6 +97,49 @@ def train(
     if run_dir is not None:
         cmd.append(f"hydra.run.dir={run_dir}")
     return run_cmd(cmd, timeout=timeout, env=env, check=check)
+
+
+def run_until(
+    run_dir: Path,
+    overrides: list[str],
+    marker: str,
+    on_marker: Callable[[subprocess.Popen[str], str], None],
+    timeout: float = 180,
+    env: dict[str, str] | None = None,
+) -> Result:
+    """Start `train.py`, call `on_marker(proc, line)` on the first stdout line containing
+    `marker` (e.g. to kill something), then wait for the end. Fails if the run ends first."""
+    cmd = [sys.executable, str(TRAIN), *overrides, f"hydra.run.dir={run_dir}"]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    timer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))
+    timer.start()
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if marker in line:
+                on_marker(proc, line)
+                break
+        else:
+            raise AssertionError(f"the run ended before {marker!r}:\n{''.join(lines)}")
+        stdout, stderr = proc.communicate()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert_no_leftovers(proc.pid)
+    return Result(proc.returncode, "".join(lines) + stdout, stderr)
 
 
 def load_weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -1,19 +1,16 @@
-"""Checkpoints and exact resume: a stopped, resumed run ends with the uninterrupted run's weights."""
+"""Checkpoints and exact resume: a stopped, resumed run ends with the uninterrupted weights."""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.helpers import FAST, TRAIN, load_weights, train
+from tests.helpers import FAST, Result, load_weights, run_until, train
 
 DDP = ["strategy=ddp", "launcher.nproc_per_node=2", "trainer.batch_size=32"]
 # 2048 samples / (2 ranks x 32) = 32 steps per epoch: 40 steps cross an epoch boundary.
@@ -52,37 +49,9 @@ def test_ddp_stopped_by_max_steps_resumes_to_the_same_weights(tmp_path: Path, wo
         )
 
 
-def _run_until(
-    run_dir: Path, overrides: list[str], marker: str, sig: int, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    """Start a run, wait for `marker` on stdout, send `sig` to the whole process group."""
-    cmd = [sys.executable, str(TRAIN), *overrides, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    deadline = time.monotonic() + timeout
-    lines = []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if marker in line:
-                os.killpg(proc.pid, sig)
-                break
-            assert time.monotonic() < deadline, "marker never appeared"
-        else:
-            raise AssertionError(f"run ended before {marker!r}:\n{''.join(lines)}")
-        stdout, stderr = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines) + stdout, stderr)
+def _run_until(run_dir: Path, overrides: list[str], marker: str, sig: int) -> Result:
+    """Start a run, wait for `marker` on stdout, then send `sig` to its whole process group."""
+    return run_until(run_dir, overrides, marker, lambda proc, _: os.killpg(proc.pid, sig))
 
 
 @pytest.mark.timeout(400)

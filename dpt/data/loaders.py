@@ -96,7 +96,7 @@ def build_loaders(
         data.train, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed
     )
     common = _loader_options(data.num_workers, env, seed, worker_init_fn)
-    # drop_last: every rank's batch has the same size, so the all-reduced mean is the big-batch mean.
+    # drop_last: equal batch sizes on every rank, so the all-reduced mean is the big-batch mean.
     train = DataLoader(data.train, batch_size=batch_size, sampler=sampler, drop_last=True, **common)
     val = None
     if data.val is not None:

@@ -1,0 +1,250 @@
+"""Faults injected for real: a rank that raises, a killed worker, a lost node, a full disk."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import (
+    FAST,
+    REPO,
+    TRAIN,
+    Result,
+    assert_no_leftovers,
+    load_weights,
+    run_until,
+    train,
+)
+
+DDP = [
+    "strategy=ddp",
+    "launcher.nproc_per_node=2",
+    "trainer.batch_size=32",
+    "trainer.timeout_s=20",
+    "trainer.log_every_n_steps=5",
+]
+RAISING = ["model._target_=tests.faults.RaisingMLP"]
+PID = re.compile(r"\[rank (\d)\] pid (\d+) \|")
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_raises_stops_the_world_with_one_line(tmp_path: Path) -> None:
+    start = time.monotonic()
+    result = train(
+        tmp_path,
+        *FAST,
+        *DDP,
+        *RAISING,
+        check=False,
+        env={"DPT_TEST_FAIL_RANK": "1", "DPT_TEST_FAIL_CALL": "3"},
+    )
+    assert time.monotonic() - start < 60  # far below any default timeout
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "Error: rank 1 failed: ValueError: injected failure on rank 1 at call 3 "
+        f"(log: {tmp_path}/logs/rank1.log)"
+    )
+    assert "Traceback" not in result.output  # no wall of tracebacks on the console...
+    assert "[rank 0] stopped: another rank failed or stopped answering" in result.stdout
+    rank1_log = (tmp_path / "logs" / "rank1.log").read_text()
+    assert "Traceback" in rank1_log and "injected failure" in rank1_log  # ...it is in the log
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_raises_in_a_single_process_run(tmp_path: Path) -> None:
+    result = train(
+        tmp_path,
+        *FAST,
+        *RAISING,
+        check=False,
+        env={"DPT_TEST_FAIL_RANK": "0", "DPT_TEST_FAIL_CALL": "2"},
+    )
+    assert result.returncode == 1
+    assert "ValueError: injected failure on rank 0 at call 2" in result.stderr
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_killed_with_sigkill_stops_the_world(tmp_path: Path) -> None:
+    pids: dict[str, str] = {}
+
+    def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
+        os.kill(int(pids["1"]), signal.SIGKILL)
+
+    result = _run_collecting_pids(
+        tmp_path,
+        [*FAST, *DDP, "trainer.max_steps=200", "model.hidden_dims=[512,512]"],
+        pids,
+        kill_rank_1,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"Error: rank 1 failed: killed by SIGKILL (log: {tmp_path}/logs/rank1.log)"
+    )
+    assert "[rank 0] stopped: another rank failed or stopped answering" in result.stdout
+
+
+def _run_collecting_pids(
+    run_dir: Path,
+    overrides: list[str],
+    pids: dict[str, str],
+    action: Callable[[subprocess.Popen[str], str], None],
+) -> Result:
+    """Run until rank 0 logs step 10, read each rank's pid from its log, then call `action`."""
+
+    def collect_then_act(proc: subprocess.Popen[str], line: str) -> None:
+        for log in (run_dir / "logs").glob("rank*.log"):
+            pids.update(PID.findall(log.read_text()))
+        action(proc, line)
+
+    return run_until(run_dir, overrides, "[rank 0] epoch 1 | step 10/", collect_then_act)
+
+
+@pytest.mark.timeout(300)
+def test_max_restarts_restarts_the_world_and_continues_from_the_checkpoint(tmp_path: Path) -> None:
+    common = [
+        *FAST,
+        *DDP,
+        "trainer.max_steps=40",
+        "checkpoint.every_n_steps=5",
+        "model.hidden_dims=[512,512]",
+    ]
+    train(tmp_path / "full", *common)
+    pids: dict[str, str] = {}
+
+    def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
+        os.kill(int(pids["1"]), signal.SIGKILL)
+
+    result = _run_collecting_pids(
+        tmp_path / "cut", [*common, "launcher.max_restarts=1"], pids, kill_rank_1
+    )
+    assert result.returncode == 0, result.output
+    assert "resumed from" in result.stdout
+    full, cut = load_weights(tmp_path / "full"), load_weights(tmp_path / "cut")
+    assert all(torch.equal(full[k], cut[k]) for k in full)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(180)
+def test_a_lost_node_makes_the_survivor_exit_within_the_timeout(tmp_path: Path) -> None:
+    """Two torchrun "nodes" on loopback; node 1 (agent and worker) is killed mid-training."""
+    port = _free_port()
+    torchrun = Path(sys.executable).with_name("torchrun")
+
+    def node(rank: int) -> subprocess.Popen[str]:
+        cmd = [
+            str(torchrun),
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            f"--node_rank={rank}",
+            "--rdzv_backend=static",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            str(TRAIN),
+            "launcher=torchrun",
+            "strategy=ddp",
+            *FAST,
+            "trainer.timeout_s=15",
+            "trainer.batch_size=32",
+            "trainer.max_steps=400",
+            "model.hidden_dims=[512,512]",
+            "trainer.log_every_n_steps=5",
+            f"hydra.run.dir={tmp_path}/run",
+        ]
+        return subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    survivor, lost = node(0), node(1)
+    try:
+        assert survivor.stdout is not None
+        lines = []
+        for line in survivor.stdout:
+            lines.append(line)
+            if "step 10/" in line:
+                # The whole node: its agent and the worker (torchrun starts workers in a session
+                # of their own, so killing the agent's group alone leaves rank 1 training).
+                rank1 = dict(PID.findall((tmp_path / "run" / "logs" / "rank1.log").read_text()))
+                os.killpg(lost.pid, signal.SIGKILL)
+                os.kill(int(rank1["1"]), signal.SIGKILL)
+                break
+        killed_at = time.monotonic()
+        rest, _ = survivor.communicate(timeout=90)
+        assert time.monotonic() - killed_at < 15 + 30  # within the timeout, plus shutdown
+        assert survivor.returncode != 0
+        assert "[rank 0] stopped: another rank failed or stopped answering" in rest
+        assert "rank 0 failed" in rest or "ChildFailedError" in rest
+    finally:
+        for proc in (survivor, lost):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lost.communicate()
+    assert_no_leftovers(survivor.pid)
+    assert_no_leftovers(lost.pid)
+
+
+@pytest.mark.timeout(120)
+def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1500k", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.fail(f"cannot mount a small tmpfs (root needed): {mounted.stderr.strip()}")
+    try:
+        run = disk / "run"
+        result = train(
+            run,
+            *FAST,
+            "checkpoint.every_n_steps=5",
+            "trainer.max_steps=30",
+            "dataset.num_val_samples=0",
+            check=False,
+        )
+        assert result.returncode == 1
+        assert result.stderr.strip() == (
+            f"Error: could not write checkpoint {run}/checkpoints/step-00000010.pt: "
+            "no space left on device"
+        )
+        kept = list((run / "checkpoints").iterdir())
+        assert [p.name for p in kept] == ["step-00000005.pt"]  # no temporary file left either
+        assert torch.load(kept[0], weights_only=True)["step"] == 5
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["file", "proc"])
+def test_an_output_folder_that_cannot_be_written(tmp_path: Path, where: str) -> None:
+    (tmp_path / "afile").write_text("")
+    folder = tmp_path / "afile" / "run" if where == "file" else Path("/proc/dpt-run")
+    reason = "Not a directory" if where == "file" else "No such file or directory"
+    result = train(folder, *FAST, check=False)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"Error: hydra.run.dir={folder}: the output folder cannot be written ({reason})"
+    )
