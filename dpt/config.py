@@ -113,6 +113,7 @@ class SingleConfig:
 @dataclass
 class DPConfig:
     _target_: str = "dpt.strategy.DataParallel"
+    device_ids: list[int] | None = None  # null = every visible GPU
 
 
 @dataclass
@@ -333,6 +334,8 @@ def _validate_trainer(t: DictConfig) -> None:
 
 
 def _validate_checkpoint(ck: DictConfig) -> None:
+    if ck.resume not in (None, "auto"):  # fail before any worker starts
+        _check(Path(ck.resume).is_file(), "checkpoint.resume", ck.resume, "file not found")
     _check(ck.every_n_steps is None or ck.every_n_steps >= 1, "checkpoint.every_n_steps",
            ck.every_n_steps, "must be >= 1 or null (only at epoch ends)")  # fmt: skip
     _check(ck.keep >= 1, "checkpoint.keep", ck.keep, "must be >= 1")

@@ -60,6 +60,8 @@ class LocalLauncher:
         """`auto`: one per visible GPU, or 2 on a machine without one."""
         requested = parse_nproc(self.nproc_per_node)
         gpus = torch.cuda.device_count() if device in ("auto", "cuda") else 0
+        if device == "cuda" and not gpus:
+            raise DptError("trainer.device=cuda: no CUDA device is visible")
         if requested is None:
             return gpus or 2
         if gpus and requested > gpus:

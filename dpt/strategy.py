@@ -12,6 +12,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from dpt.distributed import DistEnv
+from dpt.errors import DptError
 
 log = logging.getLogger("dpt")
 
@@ -47,8 +48,16 @@ class DataParallel(Strategy):
 
     name = "dp"
 
+    def __init__(self, device_ids: list[int] | None = None) -> None:
+        self.device_ids = None if device_ids is None else list(device_ids)
+
     def wrap(self, model: nn.Module, env: DistEnv) -> nn.Module:
         gpus = torch.cuda.device_count() if env.device.type == "cuda" else 0
+        if self.device_ids is not None:
+            if max(self.device_ids, default=0) >= gpus:
+                raise DptError(f"strategy.device_ids={self.device_ids}: only {gpus} GPU(s) "
+                               f"visible on {env.device.type}")
+            return nn.DataParallel(model, device_ids=self.device_ids)
         if gpus < 2:
             log.warning(
                 "strategy=dp: %d GPU(s) on %s, DataParallel needs 2 or more; running as single",

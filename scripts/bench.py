@@ -64,8 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def workloads(quick: bool, device: str) -> dict[str, Workload]:
     """The throughput workloads. On 2 CPU cores ResNet-18 sees 32 px images for 30 steps."""
     mlp = Workload("mlp", batch_size=64, warmup_steps=50, steps=1050, device=device)
+    # ResNet-18 logs every 5 steps (both loops): four windows of 5 steps of ~150 ms each.
     resnet = Workload(
-        "resnet18", batch_size=32, warmup_steps=10, steps=30, image_size=32, device=device
+        "resnet18", 32, warmup_steps=5, steps=25, log_every=5, image_size=32, device=device
     )
     if quick:
         return {"mlp": replace(mlp, warmup_steps=20, steps=120)}

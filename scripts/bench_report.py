@@ -155,30 +155,32 @@ def _loops(results: dict[str, Any], plots: dict[str, str]) -> str:
         return ""
     rows = [
         (r["model"], r["strategy"], r["world"], r["batch"], r["plain"].fmt(), r["dpt"].fmt(),
-         _fmt_ratio(r["ratio"]), f"{r['loss_gap']:.1e}")
+         _fmt_ratio(r["ratio"]), _fmt_ratio(r["ratio_all_steps"]), f"{r['loss_gap']:.1e}")
         for r in results["loops"]
     ]  # fmt: skip
     work = results["workloads"]
     describe = "; ".join(
-        f"{w.model}: batch {w.batch_size} per process, steps {w.warmup_steps}-{w.steps} timed"
-        + (f", {w.image_size} px images" if w.model != "mlp" else "")
+        f"{w.model}: batch {w.batch_size} per process, windows of {w.log_every} steps from step "
+        f"{w.warmup_steps} to {w.steps}" + (f", {w.image_size} px images" if w.model != "mlp" else "")
         for w in work.values()
     )
     return (
         "## 1. dpt against a hand-written loop\n\n"
         "`python train.py ...` against `scripts/plain_loop.py` (DistributedSampler, DDP, Adam, "
         "cross-entropy; nothing from dpt), as subprocesses, same model, data, seed, batch and "
-        "world size; ddp on CPU ranks over Gloo. Throughput is timed between the same two logging "
-        "steps of both loops, from the wall-clock stamps each writes when it reads the loss back "
-        "(dpt: its rank-0 TensorBoard events; plain: a JSON file), so start-up and warmup are "
-        "excluded and both windows hold the same epoch boundaries and read-backs. dpt runs with "
-        "`checkpoint.enabled=false dataset.num_val_samples=0` and its default "
-        f"`trainer.log_every_n_steps=10`. Workloads: {describe}. *loss gap*: the largest "
-        "difference of the last window's mean loss between the two loops (same arithmetic: ~0)."
-        "\n\n"
+        "world size; ddp on CPU ranks over Gloo. Both loops read the loss back every "
+        "`log_every` steps (dpt: `trainer.log_every_n_steps`) and stamp the wall clock there "
+        "(dpt: its rank-0 TensorBoard events; plain: a JSON file). A run's samples/s is the "
+        "median over its logging windows after warmup: every window holds the same steps and "
+        "one read-back of each loop (for dpt: TensorBoard writes, the world aggregation and a "
+        "log line); start-up and warmup are left out. *all steps*: the ratio over the whole "
+        "timed span instead, epoch boundaries included (more exposed to other processes' load). "
+        "dpt runs with `checkpoint.enabled=false dataset.num_val_samples=0`. "
+        f"Workloads: {describe}. *loss gap*: the largest difference between the two loops of "
+        "the last window's mean loss (the same arithmetic gives ~0).\n\n"
         + md_table(
             ("model", "strategy", "world", "batch/rank", "plain samples/s", "dpt samples/s",
-             "dpt/plain", "loss gap"),
+             "dpt/plain", "dpt/plain, all steps", "loss gap"),
             rows,
         )  # fmt: skip
         + f"\n\n![throughput]({plots['throughput']})"
@@ -232,29 +234,42 @@ def _pipeline(results: dict[str, Any], plots: dict[str, str]) -> str:
 def _sync(results: dict[str, Any], plots: dict[str, str]) -> str:
     if "sync" not in results:
         return ""
-    rows = [
+    bandwidth = [
         (r["model"], f"{r['mbytes']:.1f}", r["bare_ms"].fmt(".2f"), r["bare_busbw"].fmt(".2f"),
          r["hook_ms"].fmt(".2f"), r["hook_busbw"].fmt(".2f"), _fmt_ratio(r["hook_vs_bare"]),
-         r["step_ms"].fmt(".1f"), r["exposed_ms"].fmt(".2f"), r["exposed_bf16_ms"].fmt(".2f"),
-         _fmt_ratio(r["static_vs_default"]), _fmt_ratio(r["bf16_vs_default"]))
+         r["one_bucket_busbw"].fmt(".2f"), _fmt_ratio(r["one_bucket_vs_bare"]))
+        for r in results["sync"]
+    ]  # fmt: skip
+    variants = [
+        (r["model"], r["step_ms"].fmt(".1f"), r["exposed_ms"].fmt(".2f"),
+         _fmt_ratio(r["torch_default_speedup"]), _fmt_ratio(r["static_speedup"]),
+         _fmt_ratio(r["bf16_speedup"]))
         for r in results["sync"]
     ]  # fmt: skip
     return (
         "## 4. Gradient synchronisation\n\n"
-        "Two CPU ranks over Gloo (one thread each), in one world, alternating round by round. "
-        "Bus bandwidth = 2(n-1)/n x bytes / time (the nccl-tests convention). *bare*: "
-        "`dist.all_reduce` of one flat fp32 tensor with as many bytes as the gradients. *ddp*: "
-        "dpt's DDP wrapper (25 MB buckets, gradient_as_bucket_view) with a comm hook that does "
-        "the default mean all-reduce and stamps each bucket from launch to completion; the time "
-        "is the union of those intervals during backward. *exposed*: a training step minus the "
-        "same step under `no_sync()`, i.e. what the all-reduce adds to the step after overlapping "
-        "with backward; *bf16 hook* the same with `strategy.comm_hook=bf16`. The last two "
-        "columns are step-time ratios (default / variant, > 1 = the variant is faster).\n\n"
+        "Two CPU ranks over Gloo (one thread each) in one world, every variant once per round, "
+        "rounds alternating. Bus bandwidth = 2(n-1)/n x bytes / time (the nccl-tests "
+        "convention). *bare*: `dist.all_reduce` of one flat fp32 tensor with as many bytes as the "
+        "gradients. *ddp*: dpt's DDP wrapper (25 MB buckets, gradient_as_bucket_view) with a comm "
+        "hook that does the default mean all-reduce and stamps each bucket from the moment the "
+        "last rank launched it to its completion; the time is the union of those intervals. "
+        "*one bucket*: the same with a single bucket, launched after backward, so the all-reduce "
+        "does not share the core with backward.\n\n"
         + md_table(
-            ("model", "MB", "bare ms", "bare GB/s", "ddp ms", "ddp GB/s", "ddp/bare busbw",
-             "step ms", "exposed ms", "exposed ms, bf16 hook", "static_graph speed-up",
-             "bf16 hook speed-up"),
-            rows,
+            ("model", "MB", "bare ms", "bare GB/s", "ddp ms", "ddp GB/s", "ddp/bare",
+             "one bucket GB/s", "one bucket/bare"),
+            bandwidth,
+        )  # fmt: skip
+        + "\n\nThe ddp training step (forward, backward, all-reduce) with dpt's defaults, what "
+        "the all-reduce adds to it (*exposed*: the step minus the same step under `no_sync()`), "
+        "and the step-time ratio of other settings against dpt's defaults (> 1: that setting is "
+        "faster). *PyTorch defaults* is `DistributedDataParallel(model)` as the plain loop builds "
+        "it: a 1 MiB first bucket and gradients copied into the buckets.\n\n"
+        + md_table(
+            ("model", "step ms", "exposed ms", "PyTorch defaults", "static_graph=true",
+             "comm_hook=bf16"),
+            variants,
         )  # fmt: skip
         + f"\n\n![sync]({plots['sync']})"
     )
@@ -481,24 +496,23 @@ def _plot_pipeline(path: Path, rows: list[dict[str, Any]]) -> None:
 def _plot_sync(path: Path, rows: list[dict[str, Any]]) -> None:
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    width = 0.38
-    for k, (key, label, color) in enumerate(
-        (("bare_busbw", "bare all_reduce", "#9a9a9a"), ("hook_busbw", "ddp gradients", "#2f6db5"))
-    ):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    series = (
+        ("bare_busbw", None, "bare all_reduce", "#9a9a9a"),
+        ("hook_busbw", "hook_vs_bare", "ddp gradients (25 MB buckets)", "#2f6db5"),
+        ("one_bucket_busbw", "one_bucket_vs_bare", "ddp gradients, one bucket", "#7fa7d8"),
+    )
+    width = 0.8 / len(series)
+    for k, (key, ratio, label, color) in enumerate(series):
         stats = [r[key] for r in rows]
-        x = [i + (k - 0.5) * width for i in range(len(rows))]
+        x = [i + (k - 1) * width for i in range(len(rows))]
         ax.bar(x, [s.median for s in stats], width, yerr=_errors(stats), label=label,
                color=color, capsize=3)  # fmt: skip
-    for i, r in enumerate(rows):
-        ax.annotate(
-            f"{r['hook_vs_bare'].median:.2f}x",
-            (i + width / 2, r["hook_busbw"].high),
-            textcoords="offset points",
-            xytext=(0, 4),
-            ha="center",
-            fontsize=8,
-        )
+        for i, r in enumerate(rows):
+            if ratio:
+                ax.annotate(f"{r[ratio].median:.2f}x", (x[i], stats[i].high),
+                            textcoords="offset points", xytext=(0, 4), ha="center",
+                            fontsize=8)  # fmt: skip
     ax.set_xticks(range(len(rows)), [f"{r['model']}\n{r['mbytes']:.1f} MB" for r in rows])
     ax.set_ylabel("bus bandwidth, GB/s")
     ax.set_title("all-reduce bus bandwidth, 2 ranks, Gloo")

@@ -1,9 +1,11 @@
 """dpt and the plain loop run the way users run them, as subprocesses, and what their timestamps say.
 
 Both loops read the loss back every `log_every` steps and stamp the wall clock there: dpt in its
-rank-0 TensorBoard events (`train/loss`), the plain loop in a JSON file. Throughput is taken
-between the same two logging steps of both (`warmup_steps` and `steps`), so the window holds the
-same steps, the same logging work and the same epoch boundaries, and excludes start-up and warmup.
+rank-0 TensorBoard events (`train/loss`), the plain loop in a JSON file. Throughput is taken over
+the same logging windows of both, from step `warmup_steps` on: every window holds the same steps
+and one read-back of each loop, and start-up and warmup are left out. A run's rate is the median
+over its windows (robust to another process taking the core for a moment); the rate over all its
+steps, epoch boundaries included, is kept too.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -126,7 +129,20 @@ class RunResult:
     fit_wall_s: float | None = None  # dpt only: Trainer.fit's own wall time (metrics.json)
     extra: dict[str, float] = field(default_factory=dict)
 
+    def window_rates(self, job: Job) -> list[float]:
+        """Samples/s of each logging window after warmup (dpt's extra stamps at epoch ends,
+        which the plain loop does not make, are skipped: both get the same windows)."""
+        w = job.work
+        marks = range(w.warmup_steps, w.steps + 1, w.log_every)
+        return [
+            w.log_every * job.samples_per_step / (self.stamps[b] - self.stamps[a])
+            for a, b in zip(marks, marks[1:])
+        ]
+
     def samples_per_s(self, job: Job) -> float:
+        return statistics.median(self.window_rates(job))
+
+    def samples_per_s_all_steps(self, job: Job) -> float:
         w = job.work
         elapsed = self.stamps[w.steps] - self.stamps[w.warmup_steps]
         return (w.steps - w.warmup_steps) * job.samples_per_step / elapsed
@@ -215,7 +231,9 @@ def run_rounds(
 # --- what the runs say --------------------------------------------------------------------------
 
 
-def throughputs(results: Results, job: Job) -> list[float]:
+def throughputs(results: Results, job: Job, all_steps: bool = False) -> list[float]:
+    if all_steps:
+        return [r.samples_per_s_all_steps(job) for r in results[job]]
     return [r.samples_per_s(job) for r in results[job]]
 
 
@@ -232,6 +250,9 @@ def loop_ratio_row(results: Results, plain: Job, dpt: Job) -> dict[str, object]:
         "plain": Stat.of(p),
         "dpt": Stat.of(d),
         "ratio": paired_ratios(d, p),
+        "ratio_all_steps": paired_ratios(
+            throughputs(results, dpt, all_steps=True), throughputs(results, plain, all_steps=True)
+        ),
         "loss_gap": loss_gap,
     }
 

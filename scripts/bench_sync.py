@@ -9,6 +9,9 @@ all-reduce over n ranks. Three ways to time the gradients' all-reduce, alternate
 - ddp, exposed: a forward+backward step minus the same step under `no_sync()`: what the
   all-reduce adds to the step after overlapping with backward.
 
+Also timed, as step-time ratios against dpt's default DDP: one bucket (no overlap with backward),
+`static_graph=True`, `comm_hook=bf16`, and DDP with PyTorch's own defaults (the plain loop's).
+
 The per-step costs are dpt's own calls timed in place: the agreement on non-finite loss and stop
 signals (`agree_max`, once per step) and `MetricsLogger.step` at log_every_n_steps 1 and 10.
 """
@@ -17,12 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import json
 import os
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +38,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 
 from bench_common import Stat, paired_ratios, time_calls
 from dpt.distributed import DistEnv, agree_max, env_from_environment, init_process_group
@@ -150,55 +156,73 @@ def sync_of(spec: SyncModel, env: DistEnv) -> dict[str, Any]:
     model, inputs, labels = _build(spec)
     numel = sum(p.numel() for p in model.parameters())
     flat = torch.zeros(numel)
-    ddp = DDP().wrap(copy.deepcopy(model), env)  # dpt's defaults: 25 MB buckets, bucket views
-    static = DDP(static_graph=True).wrap(copy.deepcopy(model), env)
-    bf16 = DDP(comm_hook="bf16").wrap(copy.deepcopy(model), env)
-    hooked, timer = DDP().wrap(copy.deepcopy(model), env), BucketTimer()
-    hooked.register_comm_hook(None, timer.hook)  # type: ignore[operator]
+
+    def wrap(**options: Any) -> nn.Module:
+        return DDP(**options).wrap(copy.deepcopy(model), env)
+
+    def timed(**options: Any) -> tuple[nn.Module, BucketTimer]:
+        ddp, timer = wrap(**options), BucketTimer()
+        ddp.register_comm_hook(None, timer.hook)  # type: ignore[operator]
+        return ddp, timer
+
+    ddp = wrap()  # dpt's defaults: 25 MB buckets, gradients as bucket views
+    models = {
+        "static": wrap(static_graph=True),
+        "bf16": wrap(comm_hook="bf16"),
+        # What the plain loop gets: DDP's own defaults (a 1 MiB first bucket, gradient copies).
+        "torch_default": DistributedDataParallel(copy.deepcopy(model)),
+    }
+    hooked, timer = timed()
+    # One bucket, launched when backward is over: the all-reduce has the core to itself.
+    one_bucket, one_timer = timed(bucket_cap_mb=1e6)
 
     def step(m: nn.Module, sync: bool = True) -> None:
         with contextlib.nullcontext() if sync else m.no_sync():  # type: ignore[operator]
             F.cross_entropy(m(inputs), labels).backward()
         m.zero_grad(set_to_none=True)
 
-    variants = {
+    variants: dict[str, Callable[[], object]] = {
         "bare": lambda: dist.all_reduce(flat),
         "sync": lambda: step(ddp),
         "no_sync": lambda: step(ddp, sync=False),
         "hooked": lambda: step(hooked),
-        "static": lambda: step(static),
-        "bf16": lambda: step(bf16),
+        "one_bucket": lambda: step(one_bucket),
+        **{name: functools.partial(step, m) for name, m in models.items()},
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
-    busy: list[float] = []
+    busy: dict[str, list[float]] = {"hooked": [], "one_bucket": []}
+    timers = {"hooked": timer, "one_bucket": one_timer}
     for r in range(spec.rounds + 2):  # two warmup rounds: DDP rebuilds its buckets at first
         for name, fn in variants.items():
             dist.barrier()  # both ranks start together: rank 0's clock times the collective
             (elapsed,) = time_calls(fn, 1)
-            if name == "hooked":
-                busy.append(timer.busy_s())
+            if name in timers:
+                busy[name].append(timers[name].busy_s())
             if r >= 2:
                 times[name].append(elapsed)
-    busy = busy[2:]
-    factor = 2 * (env.world_size - 1) / env.world_size * 4 * numel / 1e9  # GB moved per busbw s
+    busy = {name: values[2:] for name, values in busy.items()}
+    gb = 2 * (env.world_size - 1) / env.world_size * 4 * numel / 1e9  # bus GB per all-reduce
     exposed = [a - b for a, b in zip(times["sync"], times["no_sync"])]
-    exposed_bf16 = [a - b for a, b in zip(times["bf16"], times["no_sync"])]
     return {
         "model": spec.name,
         "params_m": numel / 1e6,
         "mbytes": 4 * numel / 1e6,
-        "bare_ms": Stat.of([t * 1e3 for t in times["bare"]]),
-        "bare_busbw": Stat.of([factor / t for t in times["bare"]]),
-        "hook_ms": Stat.of([t * 1e3 for t in busy]),
-        "hook_busbw": Stat.of([factor / t for t in busy]),
-        "hook_vs_bare": paired_ratios(times["bare"], busy),
-        "step_ms": Stat.of([t * 1e3 for t in times["sync"]]),
-        "no_sync_ms": Stat.of([t * 1e3 for t in times["no_sync"]]),
-        "exposed_ms": Stat.of([t * 1e3 for t in exposed]),
-        "exposed_bf16_ms": Stat.of([t * 1e3 for t in exposed_bf16]),
-        "static_vs_default": paired_ratios(times["sync"], times["static"]),
-        "bf16_vs_default": paired_ratios(times["sync"], times["bf16"]),
+        "bare_ms": _ms(times["bare"]),
+        "bare_busbw": Stat.of([gb / t for t in times["bare"]]),
+        "hook_ms": _ms(busy["hooked"]),
+        "hook_busbw": Stat.of([gb / t for t in busy["hooked"]]),
+        "hook_vs_bare": paired_ratios(times["bare"], busy["hooked"]),
+        "one_bucket_busbw": Stat.of([gb / t for t in busy["one_bucket"]]),
+        "one_bucket_vs_bare": paired_ratios(times["bare"], busy["one_bucket"]),
+        "step_ms": _ms(times["sync"]),
+        "exposed_ms": _ms(exposed),
+        # Step-time ratios, default / variant: > 1 means the variant's step is faster.
+        **{f"{name}_speedup": paired_ratios(times["sync"], times[name]) for name in models},
     }
+
+
+def _ms(seconds: list[float]) -> Stat:
+    return Stat.of([t * 1e3 for t in seconds])
 
 
 # --- per-step costs of dpt's loop -----------------------------------------------------------

@@ -1,7 +1,7 @@
 """`python train.py -m launcher=slurm ...` against the real local SLURM cluster.
 
 Each job of the sweep is one SLURM job with one task per rank; the sweep summary lists every job,
-also those that failed or were cancelled while the others ran on.
+also those that failed, were cancelled or were requeued while the others ran on.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import csv
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -63,16 +64,31 @@ def test_sweep_of_two_task_ddp_jobs(tmp_path: Path) -> None:
     assert "COMPLETED" in result.stdout
 
 
-def wait_for(condition: object, timeout: float, what: str) -> None:
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.time() + timeout
-    while not condition():  # type: ignore[operator]
+    while not condition():
         assert time.time() < deadline, f"timed out waiting for {what}"
         time.sleep(0.5)
 
 
-@pytest.mark.timeout(240)
-def test_failed_and_cancelled_jobs_are_listed(tmp_path: Path) -> None:
-    """Job 0 fails inside its task; job 1 is cancelled while it trains; the sweep still ends."""
+def scontrol_ok(*args: str) -> bool:
+    return subprocess.run(["scontrol", *args], capture_output=True, timeout=30).returncode == 0
+
+
+def requeue_now(job_id: str) -> None:
+    """What a preemption with PreemptMode=REQUEUE does: the job is stopped and queued again.
+
+    SLURM holds a requeued job back for a while (BeginTime); let it start as soon as it can.
+    """
+    assert scontrol_ok("requeue", job_id)
+    wait_for(lambda: scontrol_ok("update", f"jobid={job_id}", "begintime=now"), 60, "requeue")
+
+
+@pytest.mark.timeout(300)
+def test_failed_cancelled_and_requeued_jobs(tmp_path: Path) -> None:
+    """Jobs 0, 1 fail inside their task (no MPS); job 2 is requeued while it trains and resumes
+    in its own folder; job 3 is cancelled while it trains. The sweep waits for all and lists all.
+    """
     sweep = tmp_path / "sweep"
     cmd = [
         sys.executable,
@@ -80,24 +96,30 @@ def test_failed_and_cancelled_jobs_are_listed(tmp_path: Path) -> None:
         "-m",
         *SLURM,
         "trainer.device=mps,cpu",
+        "trainer.max_steps=300,100000",
         "trainer.epochs=1000",
         f"hydra.sweep.dir={sweep}",
     ]
+    log2 = sweep / "2" / "logs" / "rank0.log"
     with ThreadPoolExecutor(1) as pool:
-        sweep_run = pool.submit(run_cmd, cmd, timeout=200, check=False)
+        sweep_run = pool.submit(run_cmd, cmd, timeout=250, check=False)
         try:
-            status = sweep / "1" / "job_status.json"
-            wait_for(lambda: status.is_file() and "RUNNING" in status.read_text(), 120, "job 1")
-            (job_id,) = [p.name for p in (sweep / ".submitit").glob("*_1")]
-            subprocess.run(["scancel", job_id], check=True, timeout=30)
+            wait_for(lambda: log2.is_file() and "epoch 2 done" in log2.read_text(), 120, "job 2")
+            ids = {p.name[-1]: p.name for p in (sweep / ".submitit").glob("*_[23]")}
+            subprocess.run(["scancel", ids["3"]], check=True, timeout=30)
+            requeue_now(ids["2"])
         except BaseException:  # leave no job training for 1000 epochs behind
             arrays = {p.name.split("_")[0] for p in (sweep / ".submitit").glob("*_*")}
             subprocess.run(["scancel", *arrays], timeout=30, check=False)
             raise
         result = sweep_run.result()
     assert result.returncode == 1, result.output
-    assert "2 of 2 jobs failed" in result.stderr
+    assert "3 of 4 jobs failed" in result.stderr
     rows = summary(sweep)
-    assert [(r["job"], r["status"]) for r in rows] == [("0", "FAILED"), ("1", "FAILED")]
+    assert [r["status"] for r in rows] == ["FAILED", "FAILED", "COMPLETED", "FAILED"]
     assert "trainer.device=mps: MPS is not available" in rows[0]["error"]
-    assert f"SLURM job {job_id} ended without a result (CANCELLED)" in rows[1]["error"]
+    assert f"SLURM job {ids['3']} ended without a result (CANCELLED)" in rows[3]["error"]
+    # The requeued run started again in job 2's folder and resumed from its newest checkpoint.
+    assert rows[2]["steps"] == "300" and rows[2]["job_dir"] == "2"
+    log = log2.read_text()
+    assert log.count("world size 1") == 2 and "resumed from" in log

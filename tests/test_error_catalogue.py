@@ -1,0 +1,105 @@
+"""Every row of docs/errors.md's bad-input table, run for real: the documented line, exactly."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+
+from scripts.make_coco_fixture import make_fixture
+from tests.helpers import FAST, REPO, train
+
+CATALOGUE = REPO / "docs" / "errors.md"
+GPU_ROWS = ("GPUs that do not exist",)
+
+
+def _rows() -> list[tuple[str, str, str, str]]:
+    """(case, arguments, message, when) from the table under '## Bad input'."""
+    text = CATALOGUE.read_text().split("## Bad input", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("| ") or line.startswith(("| case", "| ---")):
+            continue
+        cells = [c.strip().strip("`").strip() for c in line.strip("|").split(" | ")]
+        rows.append((cells[0], cells[1], cells[2], cells[3]))
+    return rows
+
+
+ROWS = _rows()
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("catalogue")
+    coco = root / "coco"
+    make_fixture(coco)
+    empty = root / "empty_coco"
+    (empty / "annotations").mkdir(parents=True)
+    (empty / "train2017").mkdir()
+    truncated = root / "truncated_coco"
+    make_fixture(truncated)
+    ann = truncated / "annotations" / "instances_train2017.json"
+    ann.write_text(ann.read_text()[:500])
+    run = root / "mlp_run"
+    train(run, *FAST, "trainer.max_steps=2")
+    corrupt = root / "corrupt.pt"
+    corrupt.write_bytes((run / "checkpoints" / "step-00000002.pt").read_bytes()[:3000])
+    return {
+        "coco": coco,
+        "empty_coco": empty,
+        "truncated_coco": truncated,
+        "mlp_checkpoint": run / "checkpoints" / "step-00000002.pt",
+        "corrupt_checkpoint": corrupt,
+    }
+
+
+def test_the_catalogue_covers_what_the_issue_lists() -> None:
+    cases = " ".join(row[0] for row in ROWS).replace("`", "")
+    for needed in (
+        "unknown group option",
+        "unknown key",
+        "wrong type",
+        "out-of-range number",
+        "dataset path that does not exist",
+        "truncated annotation JSON",
+        "image model on vector data",
+        "vector model on image data",
+        "`launcher=torchrun` outside torchrun",
+        "resume path that does not exist",
+        "checkpoint from a different model",
+        "`ddp` asked for GPUs",
+        "`dp` asked for GPUs",
+    ):
+        assert needed.replace("`", "") in cases, needed
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("case", "arguments", "message", "when"),
+    ROWS,
+    ids=[f"{i:02d}-{r[0]}" for i, r in enumerate(ROWS)],
+)
+def test_documented_message(
+    tmp_path: Path, paths: dict[str, Path], case: str, arguments: str, message: str, when: str
+) -> None:
+    if torch.cuda.is_available() and any(g in case for g in GPU_ROWS):
+        pytest.skip("documented for a machine without CUDA")
+    args = shlex.split(arguments.format(**paths))
+    expected = message.format(**paths)
+    run_dir = tmp_path / "run"
+    explicit_dir = any(a.startswith("hydra.run.dir=") for a in args)
+    result = train(None if explicit_dir else run_dir, *args, check=False, timeout=110)
+    assert result.returncode == 1, result.output
+    line = result.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line, line
+    if expected.endswith("…"):
+        assert line.startswith(expected.removesuffix("…").rstrip()), line
+    else:
+        assert line == expected
+    assert "step 1/" not in result.stdout and "| step " not in result.stdout  # no training step
+    if when == "before run":
+        assert not run_dir.exists(), "a run folder was made for input rejected up front"
+    else:
+        assert not list(run_dir.glob("checkpoints/*.pt")), "left a checkpoint for resume=auto"
