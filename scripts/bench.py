@@ -27,12 +27,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import bench_pipeline
 import bench_report
 import bench_runs as runs
 import bench_sync
+import torch
 from bench_common import REPO
 from bench_runs import Job, Workload
 
@@ -97,7 +96,11 @@ def loops_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, An
     for single, dp, ddps in plans:
         loops += [runs.loop_ratio_row(results, *pair) for pair in (single, *ddps)]
         strategies += runs.strategy_rows(results, single[1], [dp, *(pair[1] for pair in ddps)])
-    return {"loops": loops, "strategies": strategies, "workloads": workloads(args.quick, args.device)}
+    return {
+        "loops": loops,
+        "strategies": strategies,
+        "workloads": workloads(args.quick, args.device),
+    }
 
 
 def startup_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:

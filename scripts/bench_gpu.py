@@ -14,11 +14,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torchvision
-from torch.utils.data import DataLoader, Dataset
-from torchvision.io import ImageReadMode, decode_jpeg, read_file
-
 from bench_common import Stat, paired_ratios
 from bench_pipeline import files_of, gpu_batch_transform
+from torch.utils.data import DataLoader, Dataset
+from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
 Batches = Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
 
@@ -36,7 +35,9 @@ class JpegBytes(Dataset):
         return read_file(str(self.files[index % len(self.files)])), index % 10
 
 
-def _collate(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+def _collate(
+    samples: list[tuple[torch.Tensor, int]],
+) -> tuple[torch.Tensor, list[int], torch.Tensor]:
     # One tensor for the whole batch: one shared-memory block (and file descriptor) per batch
     # instead of one per image, which is what exhausts descriptors at 256 images a batch.
     sizes = [len(s[0]) for s in samples]

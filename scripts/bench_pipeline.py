@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_common import Stat, paired_ratios, time_calls
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms import v2
 
-from bench_common import Stat, paired_ratios, time_calls
 from dpt.data.coco import CocoClassification
 from dpt.data.images import IMAGENET_MEAN, IMAGENET_STD, read_image_rgb, train_transform
 
@@ -63,7 +63,9 @@ def cpu_variants(root: Path, image_size: int) -> dict[str, Callable[[int], Any]]
     """Name -> a function of the sample index. Pairs: (decoder, decode only | train sample)."""
     files = files_of(root)
     dataset = CocoClassification(root, SPLIT, transform=train_transform(image_size))
-    crop_flip = v2.Compose([v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()])
+    crop_flip = v2.Compose(
+        [v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()]
+    )
     pil_train = v2.Compose(
         [
             v2.RandomResizedCrop(image_size, antialias=True),

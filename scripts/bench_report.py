@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 import torchvision
-
 from bench_common import Stat, md_table
 
 PLOTS = {
@@ -86,7 +85,8 @@ def _header(meta: dict[str, Any]) -> str:
         ("GPU", meta["gpu"]),
         ("software", f"Python {meta['python']}, torch {meta['torch']}, "
                      f"torchvision {meta['torchvision']}"),
-        ("load average (1, 5, 15 min)", f"before {load('load_before')}; after {load('load_after')}"),
+        ("load average (1, 5, 15 min)",
+         f"before {load('load_before')}; after {load('load_after')}"),
         ("command", f"`{meta['command']}`"),
         ("run", f"{meta['date']}, {meta['duration_s'] / 60:.1f} min, {meta['rounds']} A/B "
                 f"round(s), {meta['threads']} intra-op thread(s) per CPU process"),
@@ -161,7 +161,8 @@ def _loops(results: dict[str, Any], plots: dict[str, str]) -> str:
     work = results["workloads"]
     describe = "; ".join(
         f"{w.model}: batch {w.batch_size} per process, windows of {w.log_every} steps from step "
-        f"{w.warmup_steps} to {w.steps}" + (f", {w.image_size} px images" if w.model != "mlp" else "")
+        f"{w.warmup_steps} to {w.steps}"
+        + (f", {w.image_size} px images" if w.model != "mlp" else "")
         for w in work.values()
     )
     return (
@@ -179,10 +180,19 @@ def _loops(results: dict[str, Any], plots: dict[str, str]) -> str:
         f"Workloads: {describe}. *loss gap*: the largest difference between the two loops of "
         "the last window's mean loss (the same arithmetic gives ~0).\n\n"
         + md_table(
-            ("model", "strategy", "world", "batch/rank", "plain samples/s", "dpt samples/s",
-             "dpt/plain", "dpt/plain, all steps", "loss gap"),
+            (
+                "model",
+                "strategy",
+                "world",
+                "batch/rank",
+                "plain samples/s",
+                "dpt samples/s",
+                "dpt/plain",
+                "dpt/plain, all steps",
+                "loss gap",
+            ),
             rows,
-        )  # fmt: skip
+        )
         + f"\n\n![throughput]({plots['throughput']})"
     )
 
@@ -202,10 +212,17 @@ def _strategies(results: dict[str, Any]) -> str:
         "`single`), paired round by round. On CPU each process runs one thread, so a 'device' is "
         "one core, and `dp` (DataParallel needs 2 GPUs) runs as `single`.\n\n"
         + md_table(
-            ("model", "strategy", "world", "batch/rank", "global batch", "samples/s",
-             "scaling efficiency"),
+            (
+                "model",
+                "strategy",
+                "world",
+                "batch/rank",
+                "global batch",
+                "samples/s",
+                "scaling efficiency",
+            ),
             rows,
-        )  # fmt: skip
+        )
     )
 
 
@@ -224,8 +241,8 @@ def _pipeline(results: dict[str, Any], plots: dict[str, str]) -> str:
         "`CocoClassification.__getitem__` with `train_transform(224)`: read, `decode_jpeg`, "
         "`RandomResizedCrop(224)`, flip, float32, normalize. *crop+flip, uint8 out* is the same "
         "without the float conversion and normalization (what a worker would do if the trainer "
-        "normalized on the device). *PIL train transform*: the classic recipe, crop and flip on the "
-        "PIL image, then to a normalized tensor.\n\n"
+        "normalized on the device). *PIL train transform*: the classic recipe, crop and flip on "
+        "the PIL image, then to a normalized tensor.\n\n"
         + md_table(("decoder", "variant", "images/s per worker", "vs decode-only"), rows)
         + f"\n\n![pipeline]({plots['pipeline']})"
     )
@@ -257,20 +274,35 @@ def _sync(results: dict[str, Any], plots: dict[str, str]) -> str:
         "*one bucket*: the same with a single bucket, launched after backward, so the all-reduce "
         "does not share the core with backward.\n\n"
         + md_table(
-            ("model", "MB", "bare ms", "bare GB/s", "ddp ms", "ddp GB/s", "ddp/bare",
-             "one bucket GB/s", "one bucket/bare"),
+            (
+                "model",
+                "MB",
+                "bare ms",
+                "bare GB/s",
+                "ddp ms",
+                "ddp GB/s",
+                "ddp/bare",
+                "one bucket GB/s",
+                "one bucket/bare",
+            ),
             bandwidth,
-        )  # fmt: skip
+        )
         + "\n\nThe ddp training step (forward, backward, all-reduce) with dpt's defaults, what "
         "the all-reduce adds to it (*exposed*: the step minus the same step under `no_sync()`), "
         "and the step-time ratio of other settings against dpt's defaults (> 1: that setting is "
         "faster). *PyTorch defaults* is `DistributedDataParallel(model)` as the plain loop builds "
         "it: a 1 MiB first bucket and gradients copied into the buckets.\n\n"
         + md_table(
-            ("model", "step ms", "exposed ms", "PyTorch defaults", "static_graph=true",
-             "comm_hook=bf16"),
+            (
+                "model",
+                "step ms",
+                "exposed ms",
+                "PyTorch defaults",
+                "static_graph=true",
+                "comm_hook=bf16",
+            ),
             variants,
-        )  # fmt: skip
+        )
         + f"\n\n![sync]({plots['sync']})"
     )
 
@@ -307,10 +339,16 @@ def _overhead(results: dict[str, Any]) -> str:
             f"{1_000_000:,} (no logging inside the run), MLP, from `Trainer.fit`'s wall time "
             "(metrics.json). *dpt/plain at 1*: throughput ratio when both log every step.\n\n"
             + md_table(
-                ("strategy", "world", "step ms (no logging)", "logging ms/step",
-                 "logging % of step", "dpt/plain at 1"),
+                (
+                    "strategy",
+                    "world",
+                    "step ms (no logging)",
+                    "logging ms/step",
+                    "logging % of step",
+                    "dpt/plain at 1",
+                ),
                 rows,
-            )  # fmt: skip
+            )
         )
     if "per_step" in results:
         parts.append(_per_step_table(results))
@@ -363,7 +401,7 @@ def _gpu(results: dict[str, Any]) -> str:
         "`trainer.precision=bf16-mixed model.channels_last=true`) against the plain loop with the "
         "same flags, and in-process the model on synthetic batches already on the GPU against "
         "the same step fed from JPEG files decoded on the GPU in batches "
-        "(`torchvision.io.decode_jpeg(list_of_tensors, device=\"cuda\")`, crop, flip and "
+        '(`torchvision.io.decode_jpeg(list_of_tensors, device="cuda")`, crop, flip and '
         "normalize on the GPU)."
     )
     gpu = results.get("gpu")
@@ -441,7 +479,9 @@ def _plot_throughput(path: Path, results: dict[str, Any]) -> None:
             bars += [(f"plain\n{tag}", r["plain"], "#9a9a9a"), (f"dpt\n{tag}", r["dpt"], "#2f6db5")]
             if r["strategy"] == "single":
                 dp = next(
-                    s for s in results["strategies"] if s["model"] == model and s["strategy"] == "dp"
+                    s
+                    for s in results["strategies"]
+                    if s["model"] == model and s["strategy"] == "dp"
                 )
                 bars.append(("dpt\ndp", dp["samples_s"], "#7fa7d8"))
         labels, stats, colors = zip(*bars, strict=True)

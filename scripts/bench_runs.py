@@ -1,4 +1,4 @@
-"""dpt and the plain loop run the way users run them, as subprocesses, and what their timestamps say.
+"""dpt and the plain loop run as users run them (subprocesses), and what their timestamps say.
 
 Both loops read the loss back every `log_every` steps and stamp the wall clock there: dpt in its
 rank-0 TensorBoard events (`train/loss`), the plain loop in a JSON file. Throughput is taken over
@@ -10,6 +10,7 @@ steps, epoch boundaries included, is kept too.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -136,7 +137,7 @@ class RunResult:
         marks = range(w.warmup_steps, w.steps + 1, w.log_every)
         return [
             w.log_every * job.samples_per_step / (self.stamps[b] - self.stamps[a])
-            for a, b in zip(marks, marks[1:])
+            for a, b in itertools.pairwise(marks)
         ]
 
     def samples_per_s(self, job: Job) -> float:
@@ -241,7 +242,9 @@ def loop_ratio_row(results: Results, plain: Job, dpt: Job) -> dict[str, object]:
     """dpt against the plain loop on one model, strategy and world size."""
     p, d = throughputs(results, plain), throughputs(results, dpt)
     n = dpt.work.steps
-    loss_gap = max(abs(a.losses[n] - b.losses[n]) for a, b in zip(results[dpt], results[plain]))
+    loss_gap = max(
+        abs(a.losses[n] - b.losses[n]) for a, b in zip(results[dpt], results[plain], strict=True)
+    )
     return {
         "model": dpt.work.model,
         "strategy": dpt.strategy,
@@ -272,7 +275,7 @@ def strategy_rows(results: Results, single: Job, others: Sequence[Job]) -> list[
                 "batch": job.work.batch_size,
                 "global_batch": job.samples_per_step,
                 "samples_s": Stat.of(t),
-                "efficiency": Stat.of([a / (job.world * b) for a, b in zip(t, base)]),
+                "efficiency": Stat.of([a / (job.world * b) for a, b in zip(t, base, strict=True)]),
             }
         )
     return rows
@@ -287,7 +290,7 @@ def startup_row(results: Results, plain: Job, dpt: Job) -> dict[str, object]:
         "world": dpt.world,
         "plain": Stat.of(p),
         "dpt": Stat.of(d),
-        "extra_s": Stat.of([a - b for a, b in zip(d, p)]),
+        "extra_s": Stat.of([a - b for a, b in zip(d, p, strict=True)]),
         "ratio": paired_ratios(d, p),
     }
 
@@ -296,15 +299,17 @@ def logging_row(results: Results, every_step: Job, rarely: Job, plain: Job) -> d
     """Per-step cost of reading back and writing metrics at every step, from Trainer.fit's wall
     time at log_every_n_steps=1 against a run that never logs inside (same steps otherwise)."""
     steps = every_step.work.steps
-    cost = [(a.fit_wall_s - b.fit_wall_s) / steps for a, b in zip(results[every_step], results[rarely])]  # type: ignore[operator]
-    step_s = [b.fit_wall_s / steps for b in results[rarely]]  # type: ignore[operator]
+    walls = [
+        (a.fit_wall_s or 0.0, b.fit_wall_s or 0.0)
+        for a, b in zip(results[every_step], results[rarely], strict=True)
+    ]
+    cost = [(a - b) / steps for a, b in walls]
+    step_s = [b / steps for _, b in walls]
     return {
         "strategy": every_step.strategy,
         "world": every_step.world,
         "step_ms": Stat.of([s * 1e3 for s in step_s]),
         "cost_ms": Stat.of([c * 1e3 for c in cost]),
-        "cost_pct": Stat.of([100 * c / s for c, s in zip(cost, step_s)]),
-        "ratio_at_1": paired_ratios(
-            throughputs(results, every_step), throughputs(results, plain)
-        ),
+        "cost_pct": Stat.of([100 * c / s for c, s in zip(cost, step_s, strict=True)]),
+        "ratio_at_1": paired_ratios(throughputs(results, every_step), throughputs(results, plain)),
     }

@@ -36,11 +36,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from bench_common import Stat, paired_ratios, time_calls
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from bench_common import Stat, paired_ratios, time_calls
 from dpt.distributed import DistEnv, agree_max, env_from_environment, init_process_group
 from dpt.distributed import destroy_process_group as dpt_destroy
 from dpt.logs import setup_logging
@@ -202,7 +202,7 @@ def sync_of(spec: SyncModel, env: DistEnv) -> dict[str, Any]:
                 times[name].append(elapsed)
     busy = {name: values[2:] for name, values in busy.items()}
     gb = 2 * (env.world_size - 1) / env.world_size * 4 * numel / 1e9  # bus GB per all-reduce
-    exposed = [a - b for a, b in zip(times["sync"], times["no_sync"])]
+    exposed = [a - b for a, b in zip(times["sync"], times["no_sync"], strict=True)]
     return {
         "model": spec.name,
         "params_m": numel / 1e6,
@@ -232,13 +232,17 @@ def per_step_costs(env: DistEnv, tmp: Path, calls: int) -> dict[str, Any]:
     """Microseconds per step of the calls Trainer.fit makes every step besides the training."""
     loss = torch.tensor(0.5)
     costs = {
-        "agree_max_us": Stat.of([t * 1e6 for t in time_calls(lambda: agree_max([0.0, 0.0], env), calls)]),
+        "agree_max_us": Stat.of(
+            [t * 1e6 for t in time_calls(lambda: agree_max([0.0, 0.0], env), calls)]
+        ),
         "isfinite_item_us": Stat.of(
             [t * 1e6 for t in time_calls(lambda: bool(torch.isfinite(loss).item()), calls)]
         ),
     }
     for every in (1, 10):
-        costs[f"metrics_step_us_every_{every}"] = _metrics_step_us(env, tmp / f"m{every}", every, calls)
+        costs[f"metrics_step_us_every_{every}"] = _metrics_step_us(
+            env, tmp / f"m{every}", every, calls
+        )
     return costs
 
 

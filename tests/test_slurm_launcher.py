@@ -78,10 +78,10 @@ def scontrol_ok(*args: str) -> bool:
 def requeue_now(job_id: str) -> None:
     """What a preemption with PreemptMode=REQUEUE does: the job is stopped and queued again.
 
-    SLURM holds a requeued job back for a while (BeginTime); let it start as soon as it can.
+    SLURM holds a requeued job back for two minutes (its BeginTime); let it start at once.
     """
     assert scontrol_ok("requeue", job_id)
-    wait_for(lambda: scontrol_ok("update", f"jobid={job_id}", "begintime=now"), 60, "requeue")
+    wait_for(lambda: scontrol_ok("update", f"JobId={job_id}", "StartTime=now"), 30, "requeue")
 
 
 @pytest.mark.timeout(300)
@@ -109,7 +109,7 @@ def test_failed_cancelled_and_requeued_jobs(tmp_path: Path) -> None:
             subprocess.run(["scancel", ids["3"]], check=True, timeout=30)
             requeue_now(ids["2"])
         except BaseException:  # leave no job training for 1000 epochs behind
-            arrays = {p.name.split("_")[0] for p in (sweep / ".submitit").glob("*_*")}
+            arrays = {p.name.split("_")[0] for p in (sweep / ".submitit").glob("[0-9]*_*")}
             subprocess.run(["scancel", *arrays], timeout=30, check=False)
             raise
         result = sweep_run.result()
