@@ -32,6 +32,21 @@ class Result:
         return self.stdout + self.stderr
 
 
+def start(
+    cmd: list[str], env: dict[str, str] | None = None, cwd: Path = REPO
+) -> subprocess.Popen[str]:
+    """In a session of its own, so that everything it starts can be found and killed."""
+    return subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def run_cmd(
     cmd: list[str],
     timeout: float = 120,
@@ -40,16 +55,7 @@ def run_cmd(
     cwd: Path = REPO,
 ) -> Result:
     """Run a command; on timeout kill its whole process group (workers included) and fail."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start(cmd, env, cwd)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -110,16 +116,7 @@ def run_until(
     """Start `train.py`, call `on_marker(proc, line)` on the first stdout line containing
     `marker` (e.g. to kill something), then wait for the end. Fails if the run ends first."""
     cmd = [sys.executable, str(TRAIN), *overrides, f"hydra.run.dir={run_dir}"]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start(cmd, env)
     timer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))
     timer.start()
     lines: list[str] = []
