@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from dpt.checkpoint import checkpoint_dir, list_checkpoints
 from dpt.config import parse_nproc
 from dpt.errors import DptError
 from dpt.worker import run_worker
@@ -76,6 +78,7 @@ def launch_local_world(
     cfg_dict: dict[str, Any], run_dir: Path, nproc: int, max_restarts: int, timeout_s: float
 ) -> dict[str, Any]:
     """One single-node world through torchrun's engine; returns rank 0's summary."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -97,7 +100,20 @@ def launch_local_world(
             results = elastic_launch(config, run_worker)(cfg_dict, str(run_dir))
         except ChildFailedError as failed:
             raise DptError(describe_failure(failed, run_dir)) from failed
+        except SignalException as stopped:  # SIGTERM/SIGINT to this process: ranks checkpointed
+            raise DptError(describe_stop(stopped, run_dir)) from stopped
     return results[0]
+
+
+def describe_stop(stopped: Any, run_dir: Path) -> str:
+    """The launcher was told to stop; the elastic agent passed the signal on to the ranks, which
+    finished their step and wrote a checkpoint."""
+    saved = list_checkpoints(checkpoint_dir(run_dir))
+    where = f"newest checkpoint {saved[-1]}" if saved else "no checkpoint was written"
+    return (
+        f"stopped by {signal.Signals(stopped.sigval).name}; {where}. Resume: the same command "
+        f"with hydra.run.dir={run_dir} (checkpoint.resume=auto picks the newest checkpoint)"
+    )
 
 
 def describe_failure(failed: Any, run_dir: Path) -> str:

@@ -32,7 +32,7 @@ from dpt.logs import TRACE_LOGGER_NAME, setup_logging
 from dpt.metrics import MetricsLogger
 from dpt.models import build_model, unwrap
 from dpt.strategy import Strategy
-from dpt.trainer import Trainer, TrainResult, planned_steps
+from dpt.trainer import Interrupted, Trainer, TrainResult, planned_steps
 
 log = logging.getLogger("dpt")
 T = TypeVar("T")
@@ -73,11 +73,12 @@ def _exit_reporting(error: Exception) -> NoReturn:
     rank's log file, the error in torchelastic's error file for the launcher's one-line report;
     then exit 1 without a traceback, so a failure is not a wall of tracebacks from every rank."""
     peer = is_peer_failure(error)
-    log.error(
-        "stopped: another rank failed or stopped answering"
-        if peer
-        else f"failed: {one_line(error)}"
-    )
+    if peer:
+        log.error("stopped: another rank failed or stopped answering")
+    elif isinstance(error, Interrupted):
+        log.info(one_line(error))  # a requested stop, not a failure
+    else:
+        log.error(f"failed: {one_line(error)}")
     logging.getLogger(TRACE_LOGGER_NAME).error("traceback", exc_info=error)
     if peer:
         # Only a consequence of another rank's failure: let that rank's exit be seen first, so

@@ -72,9 +72,9 @@ def workloads(quick: bool, device: str) -> dict[str, Workload]:
     return {"mlp": mlp, "resnet18": resnet}
 
 
-def child_env(args: argparse.Namespace) -> dict[str, str]:
+def child_env(args: argparse.Namespace, device: str) -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if args.device == "cpu":
+    if device == "cpu":
         # One thread per process for both loops: on a shared box, a multi-threaded process
         # stalls whenever one of its threads loses its core (OpenMP barriers), which buries
         # every difference in noise. It is also what torchrun sets for multi-process jobs.
@@ -83,22 +83,29 @@ def child_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def loops_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
-    """(1) dpt / plain throughput; (2) single vs dp vs ddp, scaling efficiency."""
-    loops, strategies, groups = [], [], []
+    """(1) dpt / plain throughput; (2) single vs dp vs ddp, scaling efficiency; and, on the MLP
+    (the shortest steps), dpt ddp without its per-step agreement."""
+    loops, strategies, checks, groups = [], [], [], []
     plans = []
     for work in workloads(args.quick, args.device).values():
         single = (Job("plain", "single", 1, work), Job("dpt", "single", 1, work))
         dp = Job("dpt", "dp", 1, work)
-        ddps = [(Job("plain", "ddp", n, work), Job("dpt", "ddp", n, work)) for n in args.worlds]
-        groups += [[*single, dp], *([*pair] for pair in ddps)]
+        ddps = [
+            (Job("plain", "ddp", n, work), Job("dpt", "ddp", n, work))
+            + ((Job("dpt", "ddp", n, work, no_step_check=True),) if work.model == "mlp" else ())
+            for n in args.worlds
+        ]
+        groups += [[*single, dp], *(list(group) for group in ddps)]
         plans.append((single, dp, ddps))
-    results = runs.run_rounds(groups, args.rounds, tmp / "loops", child_env(args), say)
+    results = runs.run_rounds(groups, args.rounds, tmp / "loops", child_env(args, args.device), say)
     for single, dp, ddps in plans:
-        loops += [runs.loop_ratio_row(results, *pair) for pair in (single, *ddps)]
-        strategies += runs.strategy_rows(results, single[1], [dp, *(pair[1] for pair in ddps)])
+        loops += [runs.loop_ratio_row(results, *group[:2]) for group in (single, *ddps)]
+        strategies += runs.strategy_rows(results, single[1], [dp, *(group[1] for group in ddps)])
+        checks += [runs.step_check_row(results, *group) for group in ddps if len(group) == 3]
     return {
         "loops": loops,
         "strategies": strategies,
+        "step_check": checks,
         "workloads": workloads(args.quick, args.device),
     }
 
@@ -114,7 +121,9 @@ def startup_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, 
         [Job("plain", s, n, every), Job("dpt", s, n, every), Job("dpt", s, n, rarely)]
         for s, n in worlds
     ]
-    results = runs.run_rounds(groups, args.rounds, tmp / "startup", child_env(args), say)
+    results = runs.run_rounds(
+        groups, args.rounds, tmp / "startup", child_env(args, args.device), say
+    )
     return {
         "startup": [runs.startup_row(results, g[0], g[1]) for g in groups],
         "logging": [runs.logging_row(results, g[1], g[2], g[0]) for g in groups],
@@ -164,7 +173,9 @@ def gpu_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]
         precision="bf16-mixed", channels_last=True, num_workers=workers, num_samples=16384,
     )  # fmt: skip
     pair = (Job("plain", "single", 1, work), Job("dpt", "single", 1, work))
-    results = runs.run_rounds([pair], max(3, args.rounds), tmp / "gpu", child_env(args), say)
+    results = runs.run_rounds(
+        [pair], max(3, args.rounds), tmp / "gpu", child_env(args, "cuda"), say
+    )
     return {
         "gpu": {
             "device": torch.cuda.get_device_name(),

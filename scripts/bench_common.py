@@ -52,7 +52,10 @@ def time_calls(func: Callable[[], object], repeat: int) -> list[float]:
     return times
 
 
-def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+def md_table(headers: str | Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A Markdown table; `headers` may be one string, the column names separated by `|`."""
+    if isinstance(headers, str):
+        headers = [h.strip() for h in headers.split("|")]
     lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)

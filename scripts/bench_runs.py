@@ -54,11 +54,14 @@ class Job:
     strategy: str  # single | dp | ddp
     world: int  # processes
     work: Workload
+    # dpt only: True runs scripts/bench_patched_train.py, dpt without its per-step agreement
+    no_step_check: bool = False
 
     @property
     def label(self) -> str:
         suffix = f" x{self.world}" if self.strategy == "ddp" else ""
-        return f"{self.loop} {self.strategy}{suffix}"
+        patched = " (no step check)" if self.no_step_check else ""
+        return f"{self.loop} {self.strategy}{suffix}{patched}"
 
     @property
     def samples_per_step(self) -> int:
@@ -69,9 +72,10 @@ class Job:
 
     def _dpt(self, run_dir: Path) -> list[str]:
         w = self.work
+        entry = "scripts/bench_patched_train.py" if self.no_step_check else "train.py"
         cmd = [
             sys.executable,
-            str(REPO / "train.py"),
+            str(REPO / entry),
             f"model={w.model}",
             f"strategy={self.strategy}",
             f"trainer.batch_size={w.batch_size}",
@@ -312,4 +316,17 @@ def logging_row(results: Results, every_step: Job, rarely: Job, plain: Job) -> d
         "cost_ms": Stat.of([c * 1e3 for c in cost]),
         "cost_pct": Stat.of([100 * c / s for c, s in zip(cost, step_s, strict=True)]),
         "ratio_at_1": paired_ratios(throughputs(results, every_step), throughputs(results, plain)),
+    }
+
+
+def step_check_row(results: Results, plain: Job, dpt: Job, patched: Job) -> dict[str, object]:
+    """What dropping the per-step agreement buys: dpt with and without it against the plain loop."""
+    p, d, x = (throughputs(results, job) for job in (plain, dpt, patched))
+    return {
+        "model": dpt.work.model,
+        "strategy": dpt.strategy,
+        "world": dpt.world,
+        "dpt_vs_plain": paired_ratios(d, p),
+        "patched_vs_plain": paired_ratios(x, p),
+        "patched_vs_dpt": paired_ratios(x, d),
     }

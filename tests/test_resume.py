@@ -140,3 +140,26 @@ def test_checkpoints_keep_only_the_newest(tmp_path: Path) -> None:
     } <= state.keys()
     assert state["progress"]["step"] == 9 and state["progress"]["step_in_epoch"] == 9
     assert "strategy:" in state["config"]
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_to_a_ddp_launcher_checkpoints_and_says_how_to_resume(tmp_path: Path) -> None:
+    common = [*FAST, *DDP, *WIDE, "trainer.log_every_n_steps=5", "trainer.max_steps=60"]
+    run = tmp_path / "run"
+    stopped = run_until(
+        run,
+        common,
+        "[rank 0] epoch 1 | step 10/",
+        lambda proc, _: os.kill(proc.pid, signal.SIGTERM),
+    )  # the launcher only
+    assert stopped.returncode == 1
+    saved = sorted((run / "checkpoints").glob("step-*.pt"))
+    assert saved, stopped.output
+    newest = saved[-1]
+    assert stopped.stderr.strip() == (
+        f"Error: stopped by SIGTERM; newest checkpoint {newest}. Resume: the same command with "
+        f"hydra.run.dir={run} (checkpoint.resume=auto picks the newest checkpoint)"
+    )
+    assert "failed" not in stopped.stdout
+    resumed = train(run, *common)
+    assert f"resumed from {newest}" in resumed.stdout
