@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import sys
@@ -202,3 +203,42 @@ def test_default_run_folder_under_outputs(tmp_path: Path) -> None:
 def test_ddp_on_two_gpus_uses_nccl(tmp_path: Path) -> None:
     result = train(tmp_path / "run", *FAST, "trainer.max_steps=10", "strategy=ddp")
     assert "backend nccl" in result.stdout
+
+
+@pytest.mark.timeout(120)
+def test_progress_bar_on_a_terminal_plain_lines_otherwise(tmp_path: Path) -> None:
+    """A bar redraws with carriage returns; in a log file that would be a flood of them."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import termios
+
+    leader, follower = pty.openpty()
+    # A new pseudo-terminal is 0 columns wide, and tqdm fits its bar into that: give it 100.
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    cmd = [
+        sys.executable,
+        str(TRAIN),
+        *FAST,
+        "trainer.max_steps=20",
+        f"hydra.run.dir={tmp_path}/tty",
+    ]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=follower, stderr=follower, start_new_session=True)
+    os.close(follower)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the run ended
+            break
+        if not chunk:
+            break
+        screen += chunk
+    assert proc.wait(timeout=100) == 0
+    os.close(leader)
+    text = screen.decode(errors="replace")
+    assert "20/20 [" in text and "step/s" in text  # tqdm's bar on rank 0...
+    piped = train(tmp_path / "pipe", *FAST, "trainer.max_steps=20")
+    assert "step/s" not in piped.stdout and "\r" not in piped.stdout  # ...and none in a pipe
+    assert "[rank 0] epoch 1 | step 20/20 |" in piped.stdout
