@@ -55,8 +55,10 @@ class DataParallel(Strategy):
         gpus = torch.cuda.device_count() if env.device.type == "cuda" else 0
         if self.device_ids is not None:
             if max(self.device_ids, default=0) >= gpus:
-                raise DptError(f"strategy.device_ids={self.device_ids}: only {gpus} GPU(s) "
-                               f"visible on {env.device.type}")
+                raise DptError(
+                    f"strategy.device_ids={self.device_ids}: only {gpus} GPU(s) "
+                    f"visible on {env.device.type}"
+                )
             return nn.DataParallel(model, device_ids=self.device_ids)
         if gpus < 2:
             log.warning(

@@ -24,7 +24,6 @@ import functools
 import io
 import json
 import os
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -62,8 +61,12 @@ def measure(world: int, models: list[SyncModel], threads: int, per_step_calls: i
     """Start `world` CPU ranks over Gloo; rank 0's measurements come back as a dict."""
     with tempfile.TemporaryDirectory(prefix="dpt-bench-sync-") as tmp:
         out = Path(tmp) / "sync.json"
-        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+        # This process serves the rendezvous store, as torchrun's agent does, on a port the OS
+        # picks and keeps (a port found free and then released could be taken meanwhile).
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
         env |= {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # the ranks are clients of that store
         os.environ.update(env)
         try:
             args = ([asdict(m) for m in models], threads, per_step_calls, Path(tmp))
@@ -267,9 +270,3 @@ def _metrics_step_us(env: DistEnv, run_dir: Path, every: int, calls: int) -> Sta
         finally:
             metrics.close()
     return Stat.of([t / every * 1e6 for t in blocks])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -94,10 +93,14 @@ def build_model(args: argparse.Namespace) -> nn.Module:
 # --- the loop -----------------------------------------------------------------------------------
 
 
-def train(rank: int, world_size: int, args: argparse.Namespace) -> None:
+def train(
+    rank: int, world_size: int, args: argparse.Namespace, store: dist.Store | None = None
+) -> None:
     device = pick_device(args.device, int(os.environ.get("LOCAL_RANK", rank)))
     if world_size > 1:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        # store=None: torchrun's environment (env://) says where to meet.
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
         if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # share the cores
 
@@ -172,29 +175,22 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def spawned(local_rank: int, world_size: int, args: argparse.Namespace) -> None:
-    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank))
-    train(local_rank, world_size, args)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def spawned(local_rank: int, world_size: int, port: int, args: argparse.Namespace) -> None:
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    train(local_rank, world_size, args, store)
 
 
 def main() -> None:
     args = parse_args()
     if "RANK" in os.environ:  # torchrun started us
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        train(rank, world, args)
+        train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
     elif args.nproc == 1:
         train(0, 1, args)
     else:
-        os.environ.update(
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.nproc)
-        )
-        mp.spawn(spawned, args=(args.nproc, args), nprocs=args.nproc)
+        # This process holds the rendezvous store, on a port the OS picks and keeps: no window
+        # in which another program takes a port that was free a moment before.
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        mp.spawn(spawned, args=(args.nproc, store.port, args), nprocs=args.nproc)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,19 @@ from dpt.models.mlp import MLP
 class RaisingMLP(MLP):
     """Raises on rank $DPT_TEST_FAIL_RANK at forward call $DPT_TEST_FAIL_CALL."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int,
-                 hidden_dims: Sequence[int]) -> None:
+    def __init__(
+        self, input_shape: tuple[int, ...], num_classes: int, hidden_dims: Sequence[int]
+    ) -> None:
         super().__init__(input_shape, num_classes, hidden_dims)
         self.calls = 0
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         rank = os.environ.get("RANK", "0")
-        if self.training and rank == os.environ["DPT_TEST_FAIL_RANK"] and (
-                self.calls == int(os.environ["DPT_TEST_FAIL_CALL"])):
+        if (
+            self.training
+            and rank == os.environ["DPT_TEST_FAIL_RANK"]
+            and (self.calls == int(os.environ["DPT_TEST_FAIL_CALL"]))
+        ):
             raise ValueError(f"injected failure on rank {rank} at call {self.calls}")
         return super().forward(inputs)

@@ -24,13 +24,13 @@ CASES = [
         "trainer.bogus=1",
         "Error: trainer.bogus: unknown key; allowed keys: epochs, max_steps, "
         "batch_size, seed, log_every_n_steps, device, timeout_s, precision, grad_accum_steps, "
-                        "grad_clip_norm, compile, on_nonfinite, early_stopping",
+        "grad_clip_norm, compile, on_nonfinite, early_stopping",
     ),
     (
         "+trainer.bogus=1",
         "Error: trainer.bogus: unknown key; allowed keys: epochs, max_steps, "
         "batch_size, seed, log_every_n_steps, device, timeout_s, precision, grad_accum_steps, "
-                        "grad_clip_norm, compile, on_nonfinite, early_stopping",
+        "grad_clip_norm, compile, on_nonfinite, early_stopping",
     ),
     (
         "strategy=foo",

@@ -170,16 +170,30 @@ class CocoData:
         common = {"root": root, "label_policy": label_policy, "on_bad_image": on_bad_image}
         try:
             self.train = CocoClassification(
-                split=train_split, transform=train_transform(image_size), ann_file=train_ann_file,
-                image_dir=train_image_dir, **common)
-            self.val = None if val_split is None else CocoClassification(
-                split=val_split, transform=val_transform(image_size), ann_file=val_ann_file,
-                image_dir=val_image_dir, **common)
+                split=train_split,
+                transform=train_transform(image_size),
+                ann_file=train_ann_file,
+                image_dir=train_image_dir,
+                **common,
+            )
+            self.val = (
+                None
+                if val_split is None
+                else CocoClassification(
+                    split=val_split,
+                    transform=val_transform(image_size),
+                    ann_file=val_ann_file,
+                    image_dir=val_image_dir,
+                    **common,
+                )
+            )
         except (FileNotFoundError, ValueError) as error:
             raise DptError(f"dataset=coco: {error}") from error
         if self.val is not None and self.val.classes != self.train.classes:
-            raise DptError(f"dataset=coco: {self.val.ann_file} and {self.train.ann_file} list "
-                           "different categories")
+            raise DptError(
+                f"dataset=coco: {self.val.ann_file} and {self.train.ann_file} list "
+                "different categories"
+            )
         self.input_shape: tuple[int, ...] = (3, image_size, image_size)
         self.num_classes = self.train.num_classes
         self.num_workers = num_workers

@@ -22,15 +22,18 @@ class FakeImages:
         seed: int = 0,
     ) -> None:
         shape = (3, image_size, image_size)
-        transform = v2.Compose([
-            v2.PILToTensor(),
-            v2.ToDtype(torch.float32, scale=True),
-            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-        ])
+        transform = v2.Compose(
+            [
+                v2.PILToTensor(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+            ]
+        )
         self.train = FakeData(num_samples, shape, num_classes, transform, random_offset=seed)
         self.val = (
             FakeData(num_val_samples, shape, num_classes, transform, random_offset=seed + 10**6)
-            if num_val_samples else None
+            if num_val_samples
+            else None
         )
         self.input_shape: tuple[int, ...] = shape
         self.num_classes = num_classes
