@@ -96,6 +96,10 @@ def launch_local_world(
         start_method="spawn",
     )
     with restored_environ(), stdlib_start_method(), quiet_elastic_logs():
+        # Each round's rank 0 hosts a fresh store. Sharing the rendezvous store, a restarted
+        # round (launcher.max_restarts) could read the previous round's Gloo addresses and fail
+        # with "Connection refused" (torch assumes a new store per retry; this one outlives it).
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         try:
             results = elastic_launch(config, run_worker)(cfg_dict, str(run_dir))
         except ChildFailedError as failed:

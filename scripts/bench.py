@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
     args.worlds = [int(w) for w in args.world_sizes.split(",")] if args.world_sizes else [2]
+    args.retried = []  # runs that failed once and were run again
     return args
 
 
@@ -97,7 +98,8 @@ def loops_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, An
         ]
         groups += [[*single, dp], *(list(group) for group in ddps)]
         plans.append((single, dp, ddps))
-    results = runs.run_rounds(groups, args.rounds, tmp / "loops", child_env(args, args.device), say)
+    env = child_env(args, args.device)
+    results = runs.run_rounds(groups, args.rounds, tmp / "loops", env, say, args.retried)
     for single, dp, ddps in plans:
         loops += [runs.loop_ratio_row(results, *group[:2]) for group in (single, *ddps)]
         strategies += runs.strategy_rows(results, single[1], [dp, *(group[1] for group in ddps)])
@@ -121,9 +123,8 @@ def startup_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, 
         [Job("plain", s, n, every), Job("dpt", s, n, every), Job("dpt", s, n, rarely)]
         for s, n in worlds
     ]
-    results = runs.run_rounds(
-        groups, args.rounds, tmp / "startup", child_env(args, args.device), say
-    )
+    env = child_env(args, args.device)
+    results = runs.run_rounds(groups, args.rounds, tmp / "startup", env, say, args.retried)
     return {
         "startup": [runs.startup_row(results, g[0], g[1]) for g in groups],
         "logging": [runs.logging_row(results, g[1], g[2], g[0]) for g in groups],
@@ -173,9 +174,8 @@ def gpu_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]
         precision="bf16-mixed", channels_last=True, num_workers=workers, num_samples=16384,
     )  # fmt: skip
     pair = (Job("plain", "single", 1, work), Job("dpt", "single", 1, work))
-    results = runs.run_rounds(
-        [pair], max(3, args.rounds), tmp / "gpu", child_env(args, "cuda"), say
-    )
+    env = child_env(args, "cuda")
+    results = runs.run_rounds([pair], max(3, args.rounds), tmp / "gpu", env, say, args.retried)
     return {
         "gpu": {
             "device": torch.cuda.get_device_name(),
@@ -209,7 +209,8 @@ def main(argv: list[str] | None = None) -> None:
             say(f"section {name}")
             results |= RUNNERS[name](args, Path(tmp), say)
     meta |= {
-        "command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": " ".join(["python scripts/bench.py", *(sys.argv[1:] if argv is None else argv)]),
+        "retried": args.retried,
         "duration_s": time.time() - started,
         "load_after": os.getloadavg(),
         "quick": args.quick,

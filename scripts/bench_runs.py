@@ -215,10 +215,12 @@ def run_rounds(
     tmp: Path,
     env: dict[str, str],
     say: Callable[[str], None],
+    retried: list[str] | None = None,
     timeout_s: float = 600,
 ) -> Results:
     """Every job once per round, the jobs of a group back to back (A, B, A, B, ... over rounds),
-    so each ratio compares neighbours in time."""
+    so each ratio compares neighbours in time. A run that fails is run once more (a shared
+    machine); its label and last output line go to `retried`."""
     results: Results = {}
     for r in range(rounds):
         for g, group in enumerate(groups):
@@ -227,8 +229,10 @@ def run_rounds(
                 run_dir = tmp / f"r{r}-g{g}-j{j}-{job.loop}-{job.strategy}"
                 try:
                     result = run_job(job, run_dir, env, timeout_s)
-                except BenchError as error:  # a shared machine: one more try, then give up
+                except BenchError as error:  # one more try, then give up
                     say(f"  {error}\n  ... once more")
+                    last_line = str(error).strip().splitlines()[-1]
+                    (retried if retried is not None else []).append(f"{job.label}: {last_line}")
                     result = run_job(
                         job, run_dir.with_name(f"{run_dir.name}-again"), env, timeout_s
                     )
@@ -333,6 +337,7 @@ def step_check_row(results: Results, plain: Job, dpt: Job, patched: Job) -> dict
         "model": dpt.work.model,
         "strategy": dpt.strategy,
         "world": dpt.world,
+        "patched": Stat.of(x),
         "dpt_vs_plain": paired_ratios(d, p),
         "patched_vs_plain": paired_ratios(x, p),
         "patched_vs_dpt": paired_ratios(x, d),
