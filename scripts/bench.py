@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def workloads(quick: bool, device: str) -> dict[str, Workload]:
-    """The throughput workloads. On 2 CPU cores ResNet-18 sees 32 px images for 30 steps."""
+    """The throughput workloads. On 2 CPU cores ResNet-18 sees 32 px images for 25 steps."""
     mlp = Workload("mlp", batch_size=64, warmup_steps=50, steps=1050, device=device)
     # ResNet-18 logs every 5 steps (both loops): four windows of 5 steps of ~150 ms each.
     resnet = Workload(
