@@ -32,8 +32,8 @@ def stop_on_signals() -> Iterator[StopRequest]:
         yield request
         return
     previous = {sig: signal.signal(sig, request._handle) for sig in SIGNALS}
-    try:
-        yield request
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    yield request  # an error (e.g. Interrupted) propagates with the handlers still installed:
+    # launchers repeat SIGTERM while ranks exit, and the default action would kill a rank before
+    # it has reported its error or reached the checkpoint barrier. Only a normal end restores them.
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)

@@ -123,7 +123,8 @@ class Trainer:
                     grad_norm = self.precision.clip_and_norm(
                         self.model, self.optimizer, self.settings.grad_clip_norm
                     )
-                    if self.check_finite_and_signals(loss, stop):
+                    apply_update, stop_now = self.check_finite_and_signals(loss, stop)
+                    if apply_update:
                         self.precision.step(self.optimizer)
                     self.optimizer.zero_grad(set_to_none=True)
                     self.scheduler.step()
@@ -140,7 +141,7 @@ class Trainer:
                         self.scheduler.get_last_lr()[0],
                         grad_norm,
                     )
-                    if stop:
+                    if stop_now:  # the agreed decision: a signal arriving later waits a step
                         self.interrupt(stop)
                     if (
                         self.ckpt.enabled
@@ -221,18 +222,20 @@ class Trainer:
 
     # --- faults and signals -----------------------------------------------------------------
 
-    def check_finite_and_signals(self, loss: torch.Tensor, stop: StopRequest) -> bool:
+    def check_finite_and_signals(self, loss: torch.Tensor, stop: StopRequest) -> tuple[bool, bool]:
         """Agree across ranks on a non-finite loss and on a stop signal (one small collective).
-        Returns whether to apply the optimizer step."""
+        Returns (apply the optimizer step, stop after this step), the same on every rank: the
+        live signal flag must not be read again, or one rank could stop a step before another."""
         finite = bool(torch.isfinite(loss).item())
         world = self.env.world_size
         bad_rank_code, stop_code = agree_max(
             [0.0 if finite else float(world - self.env.rank), 1.0 if stop else 0.0], self.env
         )
-        if stop_code and not stop:
+        stop_now = bool(stop_code)
+        if stop_now and not stop:
             stop.signal_name = "a signal on another rank"
         if bad_rank_code == 0:
-            return True
+            return True, stop_now
         bad_rank = world - int(bad_rank_code)
         where = f"step {self.progress.step + 1} on rank {bad_rank}"
         if self.settings.on_nonfinite == "error":
@@ -241,7 +244,7 @@ class Trainer:
                 f"{where}; set trainer.on_nonfinite=skip to skip such steps"
             )
         log.warning(f"skipping the update of {where}: non-finite loss")
-        return False
+        return False, stop_now
 
     def interrupt(self, stop: StopRequest) -> None:
         path = self.save_checkpoint()

@@ -19,8 +19,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 def _executor(folder: Path) -> submitit.AutoExecutor:
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
+    # Not shorter: submitit asks SLURM for SIGUSR2 90 s before the time limit, and with a 2-minute
+    # limit that signal could end the job while the test still waits for it to run.
     executor.update_parameters(
-        nodes=1, tasks_per_node=2, cpus_per_task=1, timeout_min=2, name="dpt-slurm-smoke"
+        nodes=1, tasks_per_node=2, cpus_per_task=1, timeout_min=10, name="dpt-slurm-smoke"
     )
     return executor
 
