@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from dpt.checkpoint import checkpoint_dir, list_checkpoints
 from dpt.config import parse_nproc
 from dpt.errors import DptError
+from dpt.rendezvous import keep_collectives_on_loopback, register_loopback_rendezvous
 from dpt.worker import run_worker
 
 log = logging.getLogger("dpt")
@@ -87,10 +88,9 @@ def launch_local_world(
         max_nodes=1,
         nproc_per_node=nproc,
         run_id=f"dpt-{uuid.uuid4().hex[:12]}",
-        rdzv_backend="c10d",
-        # Port 0: the OS picks a free port, so two runs (or two multirun jobs) never collide.
-        rdzv_endpoint="127.0.0.1:0",
+        rdzv_backend=register_loopback_rendezvous(),
         rdzv_configs={"timeout": int(timeout_s)},
+        local_addr="127.0.0.1",  # MASTER_ADDR: rank 0's store listens on loopback only
         max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
@@ -100,6 +100,7 @@ def launch_local_world(
         # round (launcher.max_restarts) could read the previous round's Gloo addresses and fail
         # with "Connection refused" (torch assumes a new store per retry; this one outlives it).
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        keep_collectives_on_loopback()
         try:
             results = elastic_launch(config, run_worker)(cfg_dict, str(run_dir))
         except ChildFailedError as failed:

@@ -50,15 +50,16 @@ def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     except Exception as error:
         if "TORCHELASTIC_ERROR_FILE" not in os.environ:
             raise  # in-process: the caller reports it
-        _exit_reporting(error)
+        _exit_reporting(error, cfg_dict["trainer"]["timeout_s"])
     finally:
         destroy_process_group()
 
 
 PEER_FAILURE_GRACE_S = 2.0
+_TIMED_OUT = re.compile(r"timed out|timeout", re.I)
 _PEER_FAILURE = re.compile(
     r"Connection (closed|reset) by peer|remote worker crash|Broken pipe|NCCL communicator was "
-    r"aborted|Timed out|timed out|timeout",
+    rf"aborted|{_TIMED_OUT.pattern}",
     re.I,
 )
 
@@ -68,13 +69,16 @@ def is_peer_failure(error: BaseException) -> bool:
     return isinstance(error, torch.distributed.DistError) or bool(_PEER_FAILURE.search(str(error)))
 
 
-def _exit_reporting(error: Exception) -> NoReturn:
+def _exit_reporting(error: Exception, timeout_s: float) -> NoReturn:
     """Under an elastic agent (local launcher, torchrun): one console line, the traceback in this
     rank's log file, the error in torchelastic's error file for the launcher's one-line report;
     then exit 1 without a traceback, so a failure is not a wall of tracebacks from every rank."""
     peer = is_peer_failure(error)
     if peer:
-        log.error("stopped: another rank failed or stopped answering")
+        why = "another rank failed or stopped answering"
+        if _TIMED_OUT.search(str(error)):  # a silent peer: a hung rank, a lost node or link
+            why += f" (no reply within trainer.timeout_s={timeout_s:g})"
+        log.error(f"stopped: {why}")
     elif isinstance(error, Interrupted):
         log.info(one_line(error))  # a requested stop, not a failure
     else:

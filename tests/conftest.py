@@ -1,4 +1,28 @@
+import os
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests import netns
+
+
+@pytest.fixture
+def two_hosts() -> Iterator[netns.TwoHosts]:
+    """Two network namespaces with their own addresses; always torn down."""
+    reason = netns.unavailable()
+    if reason:
+        pytest.skip(reason)
+    name = f"dpt{os.getpid() % 100000}"
+    try:
+        hosts = netns.up(name)
+    except subprocess.CalledProcessError as error:
+        pytest.skip(f"cannot create network namespaces here: {error.stderr.strip()}")
+    try:
+        yield hosts
+    finally:
+        netns.down(name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
 import signal
 import subprocess
@@ -146,3 +148,32 @@ def load_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def listening_sockets(pid: int) -> set[tuple[str, int]]:
+    """The TCP addresses and ports process `pid` listens on, in its own network namespace."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").glob("*"):
+        with contextlib.suppress(OSError):  # closed while we looked
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    address, port = fields[1].split(":")
+                    found.add((_proc_net_address(address), int(port, 16)))
+    return found
+
+
+def _proc_net_address(hex_address: str) -> str:
+    """/proc/net/tcp{,6} write addresses as 32-bit words in host byte order."""
+    raw = bytes.fromhex(hex_address)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    address = ipaddress.ip_address(raw)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)

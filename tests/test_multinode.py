@@ -7,13 +7,9 @@ The last test puts each node in its own network namespace with its own address.
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
-import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,7 +17,6 @@ import pytest
 
 from tests.helpers import (
     FAST,
-    REPO,
     TRAIN,
     Result,
     load_weights,
@@ -29,10 +24,10 @@ from tests.helpers import (
     run_cmd,
     train,
 )
+from tests.netns import TwoHosts
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 COMMON = [*FAST, "trainer.max_steps=10", "trainer.seed=3", "trainer.batch_size=32", "strategy=ddp"]
-NETNS_SCRIPT = REPO / "scripts" / "netns_two_hosts.sh"
 # One thread per rank: two ranks share the two cores without oversubscribing them.
 ENV = {"OMP_NUM_THREADS": "1"}
 
@@ -118,53 +113,25 @@ def test_static_rendezvous_two_nodes_equal_one_node(tmp_path: Path, one_node: Pa
     assert dirs[0].exists()  # static: node_rank 0 holds global rank 0
 
 
-def _netns_unavailable() -> str | None:
-    if os.name != "posix" or os.geteuid() != 0:
-        return "network namespaces need root"
-    if shutil.which("ip") is None:
-        return "iproute2 (`ip`) is not installed"
-    return None
-
-
-@pytest.fixture
-def two_hosts() -> Iterator[list[tuple[str, str]]]:
-    """Two namespaces with their own addresses (scripts/netns_two_hosts.sh); always torn down."""
-    reason = _netns_unavailable()
-    if reason:
-        pytest.skip(reason)
-    name = f"dpt{os.getpid() % 100000}"
-    up = subprocess.run(
-        ["bash", str(NETNS_SCRIPT), "up", name], capture_output=True, text=True, timeout=30
-    )
-    try:
-        if up.returncode != 0:
-            pytest.skip(f"cannot create network namespaces here: {up.stderr.strip()}")
-        yield [(line.split()[0], line.split()[1]) for line in up.stdout.splitlines()]
-    finally:
-        subprocess.run(["bash", str(NETNS_SCRIPT), "down", name], timeout=30, check=False)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_network_namespaces_equal_one_node(
-    tmp_path: Path, one_node: Path, two_hosts: list[tuple[str, str]]
+    tmp_path: Path, one_node: Path, two_hosts: TwoHosts
 ) -> None:
-    (ns0, addr0), _ = two_hosts
+    addr0 = two_hosts.hosts[0].address
     port = 29500  # a fresh namespace has every port free
     dirs = [tmp_path / f"node{n}" for n in (0, 1)]
     cmds = []
-    for n, ((ns, addr), run_dir) in enumerate(zip(two_hosts, dirs, strict=True)):
+    for n, (host, run_dir) in enumerate(zip(two_hosts.hosts, dirs, strict=True)):
         rdzv = [
             "--rdzv_backend=c10d",
             f"--rdzv_endpoint={addr0}:{port}",
             "--rdzv_id=netns",
-            # The hostname resolves to 127.0.0.1 in every namespace: say who hosts the store
-            # and which address rank 0 advertises, and which interface Gloo uses.
+            # Both namespaces have one hostname: say who hosts the store, which address rank 0
+            # advertises, and which interface Gloo uses.
             f"--rdzv_conf=is_host={int(n == 0)},read_timeout=60",
-            f"--local_addr={addr}",
+            f"--local_addr={host.address}",
         ]
-        prefix = ("ip", "netns", "exec", ns, "env", "GLOO_SOCKET_IFNAME=eth0")
-        cmds.append(node_cmd(rdzv, run_dir, prefix))
-    assert ns0.endswith("-h0")
+        cmds.append(node_cmd(rdzv, run_dir, tuple(host.prefix("GLOO_SOCKET_IFNAME=eth0"))))
     run_together(cmds, timeout=200)
     check_world(dirs, one_node)
