@@ -40,6 +40,31 @@ class NonFiniteLoss(DptError):
     """The loss became NaN or infinite (trainer.on_nonfinite=error)."""
 
 
+class FirstNonFinite:
+    """The first non-finite loss since the last `take`, kept on the device: noting a step costs
+    no host-device sync; `take`, once per agreement, costs one."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._reset()
+
+    def _reset(self) -> None:
+        self.step = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.loss = torch.zeros((), device=self.device)
+
+    def note(self, loss: torch.Tensor, step: int) -> None:
+        first = ~torch.isfinite(loss) & (self.step == 0)
+        self.step = torch.where(first, step, self.step)
+        self.loss = torch.where(first, loss.detach().float(), self.loss)
+
+    def take(self) -> tuple[int, float]:
+        """(step, loss) of the first non-finite loss, or (0, 0.0); starts over."""
+        step = int(self.step.item())
+        loss = float(self.loss.item()) if step else 0.0
+        self._reset()
+        return step, loss
+
+
 @dataclass
 class Progress:
     """Where training stands; saved in every checkpoint (plain numbers only)."""
@@ -106,13 +131,15 @@ class Trainer:
         self.accum = settings.grad_accum_steps
         self.non_blocking = env.device.type == "cuda"  # pinned batches copy while the GPU computes
         self.progress = Progress()
+        self.planned_total = self.total_steps()
+        self.nonfinite = FirstNonFinite(env.device)
         self.bad_in_epoch = 0  # this rank's unreadable samples; summed over ranks at epoch end
         self.val: dict[str, float] = {}
 
     # --- the loop ---------------------------------------------------------------------------
 
     def fit(self) -> TrainResult:
-        p, total_steps = self.progress, self.total_steps()
+        p, total_steps = self.progress, self.planned_total
         samples, start = 0, time.perf_counter()
         stopped_early = False
         with stop_on_signals() as stop:
@@ -223,28 +250,49 @@ class Trainer:
     # --- faults and signals -----------------------------------------------------------------
 
     def check_finite_and_signals(self, loss: torch.Tensor, stop: StopRequest) -> tuple[bool, bool]:
-        """Agree across ranks on a non-finite loss and on a stop signal (one small collective).
-        Returns (apply the optimizer step, stop after this step), the same on every rank: the
-        live signal flag must not be read again, or one rank could stop a step before another."""
-        finite = bool(torch.isfinite(loss).item())
-        world = self.env.world_size
-        bad_rank_code, stop_code = agree_max(
-            [0.0 if finite else float(world - self.env.rank), 1.0 if stop else 0.0], self.env
-        )
+        """Returns (apply the optimizer step, stop after this step), the same on every rank.
+
+        A non-finite loss is noted on the device every step (no host sync); ranks agree on it and
+        on stop signals in one small collective, only at the steps of `agrees_at`. The live
+        signal flag is read only there, or one rank could stop a step before another.
+        """
+        step = self.progress.step + 1
+        self.nonfinite.note(loss, step)
+        if not self.agrees_at(step):
+            return True, False
+        first_step, first_loss = self.nonfinite.take()
+        world, last = self.env.world_size, self.planned_total
+        # The max over ranks picks the earliest bad step, then the lowest rank with it.
+        code = (last + 1 - first_step) * world + world - 1 - self.env.rank if first_step else 0
+        bad_code, stop_code = agree_max([float(code), 1.0 if stop else 0.0], self.env)
         stop_now = bool(stop_code)
         if stop_now and not stop:
             stop.signal_name = "a signal on another rank"
-        if bad_rank_code == 0:
+        if bad_code == 0:
             return True, stop_now
-        bad_rank = world - int(bad_rank_code)
-        where = f"step {self.progress.step + 1} on rank {bad_rank}"
+        bad_step, bad_rank = last + 1 - int(bad_code) // world, world - 1 - int(bad_code) % world
+        where = f"step {bad_step} on rank {bad_rank}"
         if self.settings.on_nonfinite == "error":
             raise NonFiniteLoss(
-                f"non-finite loss ({loss.item() if bad_rank == self.env.rank else 'nan/inf'}) at "
+                f"non-finite loss ({first_loss if bad_rank == self.env.rank else 'nan/inf'}) at "
                 f"{where}; set trainer.on_nonfinite=skip to skip such steps"
             )
         log.warning(f"skipping the update of {where}: non-finite loss")
         return False, stop_now
+
+    def agrees_at(self, step: int) -> bool:
+        """The steps where ranks agree (a collective): every step under on_nonfinite=skip, whose
+        update waits for it; otherwise before anything is logged or saved and before the loop
+        can end: log and checkpoint steps, the epoch's and the run's last step. A stop signal is
+        thus acted on within trainer.log_every_n_steps steps."""
+        every_ckpt = self.ckpt.every_n_steps if self.ckpt.enabled else 0
+        return (
+            self.settings.on_nonfinite == "skip"
+            or step % self.metrics.log_every == 0
+            or bool(every_ckpt and step % every_ckpt == 0)
+            or self.progress.step_in_epoch + 1 == self.steps_per_epoch()
+            or step >= self.planned_total
+        )
 
     def interrupt(self, stop: StopRequest) -> None:
         path = self.save_checkpoint()

@@ -85,7 +85,7 @@ def child_env(args: argparse.Namespace, device: str) -> dict[str, str]:
 
 def loops_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
     """(1) dpt / plain throughput; (2) single vs dp vs ddp, scaling efficiency; and, on the MLP
-    (the shortest steps), dpt ddp without its per-step agreement."""
+    (the shortest steps), dpt ddp without its check of losses and signals."""
     loops, strategies, checks, groups = [], [], [], []
     plans = []
     for work in workloads(args.quick, args.device).values():

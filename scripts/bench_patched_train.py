@@ -1,9 +1,10 @@
-"""`train.py` without the loop's per-step agreement, to measure what removing it would buy.
+"""`train.py` without the loop's check of losses and signals, to measure what it costs.
 
-Used by scripts/bench.py only, never to train: `Trainer.check_finite_and_signals` (a host read of
-`isfinite(loss)` and, with several ranks, a small all-reduce every step) is replaced by "always
-step". The patch sits at module level, so the ddp workers get it too: the elastic launcher starts
-them with multiprocessing's spawn, which re-imports the main module (this file) in every child.
+Used by scripts/bench.py only, never to train: `Trainer.check_finite_and_signals` (a device-side
+note of `isfinite(loss)` every step; at log and checkpoint steps a host read and, with several
+ranks, a small all-reduce) is replaced by "always step". The patch sits at module level, so the
+ddp workers get it too: the elastic launcher starts them with multiprocessing's spawn, which
+re-imports the main module (this file) in every child.
 """
 
 from __future__ import annotations

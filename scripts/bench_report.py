@@ -340,10 +340,11 @@ def _step_check_table(rows: list[dict[str, Any]]) -> str:
         for r in rows
     ]  # fmt: skip
     return (
-        "The per-step agreement, end to end: section 1's runs plus, in the same rounds, dpt "
-        "started through `scripts/bench_patched_train.py`, which is `train.py` with "
-        "`Trainer.check_finite_and_signals` (a host read of `isfinite(loss)` and a small Gloo "
-        "all-reduce every step) replaced by 'always step'.\n\n"
+        "The loop's agreement on non-finite losses and stop signals, end to end: section 1's "
+        "runs plus, in the same rounds, dpt started through `scripts/bench_patched_train.py`, "
+        "which is `train.py` with `Trainer.check_finite_and_signals` (a device-side note of "
+        "`isfinite(loss)` every step; a host read and a small Gloo all-reduce at log and "
+        "checkpoint steps) replaced by 'always step'.\n\n"
         + md_table(
             "model | strategy | world | "
             "dpt/plain | dpt without the check/plain | speed-up from dropping it",
@@ -354,8 +355,9 @@ def _step_check_table(rows: list[dict[str, Any]]) -> str:
 
 def _per_step_table(results: dict[str, Any]) -> str:
     names = {
-        "agree_max_us": "`agree_max` (Trainer.check_finite_and_signals, every step)",
-        "isfinite_item_us": "`torch.isfinite(loss).item()` (same, every step; CPU tensor)",
+        "agree_max_us": "`agree_max` (Trainer.check_finite_and_signals; a call, made at log "
+        "and checkpoint steps only)",
+        "nonfinite_note_us": "`FirstNonFinite.note` (same, every step; on the device, no sync)",
         "metrics_step_us_every_1": "`MetricsLogger.step`, log_every_n_steps=1",
         "metrics_step_us_every_10": "`MetricsLogger.step`, log_every_n_steps=10 (per step)",
     }

@@ -54,7 +54,7 @@ class Job:
     strategy: str  # single | dp | ddp
     world: int  # processes
     work: Workload
-    # dpt only: True runs scripts/bench_patched_train.py, dpt without its per-step agreement
+    # dpt only: True runs scripts/bench_patched_train.py: dpt without checking losses and signals
     no_step_check: bool = False
 
     @property
@@ -331,7 +331,8 @@ def logging_row(results: Results, every_step: Job, rarely: Job, plain: Job) -> d
 
 
 def step_check_row(results: Results, plain: Job, dpt: Job, patched: Job) -> dict[str, object]:
-    """What dropping the per-step agreement buys: dpt with and without it against the plain loop."""
+    """What dropping the check of losses and signals buys: dpt with and without it, against
+    the plain loop."""
     p, d, x = (throughputs(results, job) for job in (plain, dpt, patched))
     return {
         "model": dpt.work.model,

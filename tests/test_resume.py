@@ -81,6 +81,7 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes(tmp_path: Pat
     assert f"Resume: the same command with hydra.run.dir={tmp_path / 'cut'}" in message
     step = int(message.split("after step ")[1].split(";")[0])
     assert 10 <= step < 60
+    assert step % 5 == 0 or step == 32  # ranks agree at log steps and at the epoch's last step
     assert (tmp_path / "cut" / "checkpoints" / f"step-{step:08d}.pt").exists()
     train(tmp_path / "cut", *common)
     _assert_same_weights(tmp_path / "full", tmp_path / "cut")

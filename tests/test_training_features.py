@@ -202,6 +202,25 @@ def test_non_finite_loss_stops_naming_step_and_rank(tmp_path: Path, strategy: st
 
 
 @pytest.mark.timeout(200)
+def test_a_non_finite_loss_is_caught_before_anything_is_saved(tmp_path: Path) -> None:
+    # The loss is inf from step 2; ranks agree on it at step 3, a checkpoint step, before saving.
+    result = train(
+        tmp_path,
+        *FAST,
+        "optimizer=sgd",
+        "optimizer.lr=1e30",
+        "trainer.log_every_n_steps=10",
+        "checkpoint.every_n_steps=3",
+        "trainer.max_steps=10",
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "at step 2 on rank 0" in result.stderr.strip().splitlines()[-1], result.stderr
+    assert not list((tmp_path / "checkpoints").glob("*.pt"))  # step 3's would hold inf weights
+    assert not (tmp_path / "model.pt").exists()
+
+
+@pytest.mark.timeout(200)
 def test_non_finite_loss_can_be_skipped(tmp_path: Path) -> None:
     result = train(
         tmp_path,
