@@ -8,7 +8,13 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
+from dpt.errors import DptError
+
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Interrupted(DptError):
+    """SIGTERM/SIGINT arrived; the step finished and a checkpoint was written."""
 
 
 class StopRequest:

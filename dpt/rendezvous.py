@@ -65,7 +65,7 @@ class _LoopbackBackend(C10dRendezvousBackend):
 def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
-    timeout = timedelta(seconds=params.get_as_int("read_timeout", 60) or 60)
+    timeout = timedelta(seconds=params.get_as_int("read_timeout", 60))
     store = loopback_store(0, True, timeout)
     return create_handler(store, _LoopbackBackend(store, params.run_id), params)
 

@@ -17,8 +17,8 @@ from dpt.errors import DptError
 log = logging.getLogger("dpt")
 
 # `strategy.comm_hook`: gradients cast to 16 bits for the all-reduce and back (half the bytes on
-# the wire), for worlds whose network, not compute, bounds the step. The names are checked by
-# `dpt.config.validate` (COMM_HOOKS there).
+# the wire), for worlds whose network, not compute, bounds the step. `dpt.config.validate` checks
+# a configured name against these keys before any process starts.
 COMM_HOOKS: dict[str, Callable[..., Any]] = {
     "bf16": default_hooks.bf16_compress_hook,  # fp32's exponent range: no overflow
     "fp16": default_hooks.fp16_compress_hook,  # 3 more mantissa bits, overflows above 65504

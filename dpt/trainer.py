@@ -24,16 +24,12 @@ from dpt.data.loaders import Batch, Loaders
 from dpt.distributed import DistEnv, agree_max, all_reduce_sum
 from dpt.errors import DptError
 from dpt.evaluate import evaluate
-from dpt.interrupt import StopRequest, stop_on_signals
+from dpt.interrupt import Interrupted, StopRequest, stop_on_signals
 from dpt.metrics import MetricsLogger
 from dpt.models import unwrap
 from dpt.precision import Precision
 
 log = logging.getLogger("dpt")
-
-
-class Interrupted(DptError):
-    """SIGTERM/SIGINT arrived; the step finished and a checkpoint was written."""
 
 
 class NonFiniteLoss(DptError):
@@ -131,7 +127,7 @@ class Trainer:
         self.accum = settings.grad_accum_steps
         self.non_blocking = env.device.type == "cuda"  # pinned batches copy while the GPU computes
         self.progress = Progress()
-        self.planned_total = self.total_steps()
+        self.planned_total = planned_steps(loaders, settings, env.world_size)
         self.nonfinite = FirstNonFinite(env.device)
         self.bad_in_epoch = 0  # this rank's unreadable samples; summed over ranks at epoch end
         self.val: dict[str, float] = {}
@@ -211,9 +207,6 @@ class Trainer:
         return total_loss, samples
 
     # --- data -------------------------------------------------------------------------------
-
-    def total_steps(self) -> int:
-        return planned_steps(self.loaders, self.settings, self.env.world_size)
 
     def steps_per_epoch(self) -> int:
         return self.loaders.batches_per_epoch() // self.accum

@@ -28,11 +28,12 @@ from dpt.distributed import (
     init_process_group,
 )
 from dpt.errors import DptError, one_line
+from dpt.interrupt import Interrupted
 from dpt.logs import TRACE_LOGGER_NAME, setup_logging
 from dpt.metrics import MetricsLogger
 from dpt.models import build_model, unwrap
 from dpt.strategy import Strategy
-from dpt.trainer import Interrupted, Trainer, TrainResult, planned_steps
+from dpt.trainer import Trainer, TrainResult, planned_steps
 
 log = logging.getLogger("dpt")
 T = TypeVar("T")

@@ -33,6 +33,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from dpt.errors import Abort, DptError
+from dpt.interrupt import Interrupted
 from dpt.sweep import describe_error
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,8 @@ class DptSlurmLauncher(SlurmLauncher):
         if os.environ.get("SLURM_PROCID", "0") != "0":
             self._leave_bookkeeping_to_task_0()
         ret = super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
-        if _interrupted(ret._return_value):  # (the sweep summary may have marked it COMPLETED)
+        # SIGTERM/SIGINT arrived and a checkpoint was written (the summary may say COMPLETED)
+        if isinstance(ret._return_value, Interrupted):
             raise SystemExit(f"stopped by a signal: {ret._return_value}")  # no result pickle
         return ret
 
@@ -91,7 +93,7 @@ class DptSlurmLauncher(SlurmLauncher):
 
         params = dict(self.params)
         executor = submitit.AutoExecutor(
-            cluster="slurm",
+            cluster=self._EXECUTOR,
             folder=params.pop("submitit_folder"),
             slurm_max_num_timeout=params.pop("max_num_timeout"),
         )
@@ -160,11 +162,3 @@ class DptSlurmLauncher(SlurmLauncher):
 
 def _job_dir(config: DictConfig) -> str:
     return os.path.abspath(os.path.join(config.hydra.sweep.dir, str(config.hydra.sweep.subdir)))
-
-
-def _interrupted(error: object) -> bool:
-    try:
-        from dpt.trainer import Interrupted  # SIGTERM/SIGINT arrived and a checkpoint was written
-    except ImportError:
-        return False
-    return isinstance(error, Interrupted)
