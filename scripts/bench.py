@@ -88,7 +88,8 @@ def loops_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, An
     (the shortest steps), dpt ddp without its check of losses and signals."""
     loops, strategies, checks, groups = [], [], [], []
     plans = []
-    for work in workloads(args.quick, args.device).values():
+    works = workloads(args.quick, args.device)
+    for work in works.values():
         single = (Job("plain", "single", 1, work), Job("dpt", "single", 1, work))
         dp = Job("dpt", "dp", 1, work)
         ddps = [
@@ -108,7 +109,7 @@ def loops_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, An
         "loops": loops,
         "strategies": strategies,
         "step_check": checks,
-        "workloads": workloads(args.quick, args.device),
+        "workloads": works,
     }
 
 
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{time.time() - started:6.0f} s] {message}", flush=True)
 
     results: dict[str, Any] = {}
-    meta = bench_report.machine(args.threads)
+    meta = bench_report.machine()
     with tempfile.TemporaryDirectory(prefix="dpt-bench-") as tmp:
         for name in args.sections:
             say(f"section {name}")

@@ -9,18 +9,14 @@ re-imports the main module (this file) in every child.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import hydra
+from bench_common import REPO  # also puts this checkout's dpt on sys.path
+from omegaconf import DictConfig
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-
-from dpt.cli import run, task  # noqa: E402
-from dpt.trainer import Trainer  # noqa: E402
+from dpt.cli import run, task
+from dpt.trainer import Trainer
 
 
 def _always_step(self: Trainer, loss: Any, stop: Any) -> tuple[bool, bool]:

@@ -93,16 +93,20 @@ def _pil_rgb(path: Path) -> Image.Image:
 
 def measure_cpu(root: Path, image_size: int, rounds: int) -> list[dict[str, Any]]:
     """Images/s of one worker per variant, each round one pass over the files per variant."""
-    torch.set_num_threads(1)  # what a DataLoader worker runs with
     torch.manual_seed(0)
     variants = cpu_variants(root, image_size)
     count = len(files_of(root))
     rates: dict[str, list[float]] = {name: [] for name in variants}
-    for r in range(rounds + 1):  # round 0 warms the page cache and the allocators
-        for name, sample in variants.items():
-            (elapsed,) = time_calls(lambda sample=sample: [sample(i) for i in range(count)], 1)
-            if r:
-                rates[name].append(count / elapsed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # what a DataLoader worker runs with; later sections get it back
+    try:
+        for r in range(rounds + 1):  # round 0 warms the page cache and the allocators
+            for name, sample in variants.items():
+                (elapsed,) = time_calls(lambda s=sample: [s(i) for i in range(count)], 1)
+                if r:
+                    rates[name].append(count / elapsed)
+    finally:
+        torch.set_num_threads(threads)
     rows = []
     for name, values in rates.items():
         decoder, what = name.split(": ")

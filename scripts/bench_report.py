@@ -20,7 +20,7 @@ PLOTS = {
 }
 
 
-def machine(threads: int) -> dict[str, Any]:
+def machine() -> dict[str, Any]:
     return {
         "cpu": _lscpu_model(),
         "cores": os.cpu_count(),

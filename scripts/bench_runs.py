@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench_common import REPO, Stat, paired_ratios
@@ -132,7 +132,6 @@ class RunResult:
     stamps: dict[int, float]  # logging step -> wall-clock time, rank 0
     losses: dict[int, float]  # logging step -> rank 0's mean loss over the window
     fit_wall_s: float | None = None  # dpt only: Trainer.fit's own wall time (metrics.json)
-    extra: dict[str, float] = field(default_factory=dict)
 
     def window_rates(self, job: Job) -> list[float]:
         """Samples/s of each logging window after warmup (dpt's extra stamps at epoch ends,

@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dpt.distributed import DistEnv, agree_max, env_from_environment, init_process_group
 from dpt.distributed import destroy_process_group as dpt_destroy
+from dpt.launch import restored_environ
 from dpt.logs import setup_logging
 from dpt.metrics import MetricsLogger
 from dpt.models.mlp import MLP
 from dpt.models.resnet import resnet
+from dpt.rendezvous import loopback_store
 from dpt.strategy import DDP
 from dpt.trainer import FirstNonFinite
 
@@ -62,19 +65,15 @@ def measure(world: int, models: list[SyncModel], threads: int, per_step_calls: i
     """Start `world` CPU ranks over Gloo; rank 0's measurements come back as a dict."""
     with tempfile.TemporaryDirectory(prefix="dpt-bench-sync-") as tmp:
         out = Path(tmp) / "sync.json"
-        # This process serves the rendezvous store, as torchrun's agent does, on a port the OS
-        # picks and keeps (a port found free and then released could be taken meanwhile).
-        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
-        env |= {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}
-        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # the ranks are clients of that store
-        os.environ.update(env)
-        try:
+        # This process serves the rendezvous store, as torchrun's agent does, on 127.0.0.1 at a
+        # port the OS picks and keeps (a port found free and then released could be taken).
+        store = loopback_store(0, True, timedelta(seconds=600))
+        with restored_environ():
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
+            os.environ.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # the ranks are its clients
             args = ([asdict(m) for m in models], threads, per_step_calls, Path(tmp))
             mp.spawn(_rank, args=args, nprocs=world)
-        finally:
-            for key in env:
-                os.environ.pop(key, None)
         return json.loads(out.read_text(), object_hook=_stat_from_json)
 
 
@@ -209,7 +208,6 @@ def sync_of(spec: SyncModel, env: DistEnv) -> dict[str, Any]:
     exposed = [a - b for a, b in zip(times["sync"], times["no_sync"], strict=True)]
     return {
         "model": spec.name,
-        "params_m": numel / 1e6,
         "mbytes": 4 * numel / 1e6,
         "bare_ms": _ms(times["bare"]),
         "bare_busbw": Stat.of([gb / t for t in times["bare"]]),
