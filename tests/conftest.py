@@ -9,6 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests import netns
+from tests.slurm_fixture import slurm_cluster  # noqa: F401  (one cluster for the session)
 
 
 @pytest.fixture

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import ipaddress
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +20,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "train.py"
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 # Small and quick: 20 steps of batch 64 on the synthetic task.
 FAST = ["dataset.num_samples=2048", "dataset.num_val_samples=256", "trainer.log_every_n_steps=5"]
@@ -177,3 +181,16 @@ def _proc_net_address(hex_address: str) -> str:
     address = ipaddress.ip_address(raw)
     mapped = getattr(address, "ipv4_mapped", None)
     return str(mapped or address)
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (for commands that must be told one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def summary(sweep: Path) -> list[dict[str, str]]:
+    """The rows of a sweep's summary.csv."""
+    with open(sweep / "summary.csv") as f:
+        return list(csv.DictReader(f))

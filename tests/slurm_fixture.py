@@ -1,9 +1,9 @@
 """The local SLURM cluster (scripts/slurm_local.sh) as a pytest fixture, shared by the SLURM tests.
 
 Needs root and apt (Debian): the fixture installs slurm-wlm + munge if missing and starts the
-daemons once per test session (a test module imports `slurm_cluster`). Where that is impossible
-the tests FAIL (so CI can never silently skip them) unless DPT_SKIP_SLURM=1 is set, which skips
-them. A cluster that was already up before the session is left running.
+daemons once per test session (tests/conftest.py registers `slurm_cluster`). Where that is
+impossible the tests FAIL (so CI can never silently skip them) unless DPT_SKIP_SLURM=1 is set,
+which skips them. A cluster that was already up before the session is left running.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+
 SCRIPT = REPO / "scripts" / "slurm_local.sh"
 STATE_DIR = os.environ.get("DPT_SLURM_STATE_DIR", "/tmp/dpt-slurm")
 _EXPORT = re.compile(r"^export (\w+)=(.*)$")

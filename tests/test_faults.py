@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from tests.helpers import (
     TRAIN,
     Result,
     assert_no_leftovers,
+    free_port,
     load_weights,
     run_until,
     train,
@@ -133,16 +133,10 @@ def test_max_restarts_restarts_the_world_and_continues_from_the_checkpoint(tmp_p
     assert all(torch.equal(full[k], cut[k]) for k in full)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(180)
 def test_a_lost_node_makes_the_survivor_exit_within_the_timeout(tmp_path: Path) -> None:
     """Two torchrun "nodes" on loopback; node 1 (agent and worker) is killed mid-training."""
-    port = _free_port()
+    port = free_port()
     torchrun = Path(sys.executable).with_name("torchrun")
 
     def node(rank: int) -> subprocess.Popen[str]:

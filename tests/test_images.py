@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from dpt.errors import DptError
 from dpt.models.resnet import resnet
 from scripts.make_coco_fixture import make_fixture
-from tests.helpers import FAST, train
+from tests.helpers import FAST, load_weights, train
 
 SMALL = [
     "dataset.image_size=32",
@@ -117,7 +117,7 @@ def test_resnet18_on_fake_images(tmp_path: Path) -> None:
         "trainer.epochs=1",
         "model.channels_last=true",
     )
-    state = torch.load(tmp_path / "model.pt", weights_only=True)
+    state = load_weights(tmp_path)
     assert state["fc.weight"].shape == (10, 512)
 
 

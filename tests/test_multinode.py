@@ -7,8 +7,6 @@ The last test puts each node in its own network namespace with its own address.
 
 from __future__ import annotations
 
-import socket
-import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,8 +15,10 @@ import pytest
 
 from tests.helpers import (
     FAST,
+    TORCHRUN,
     TRAIN,
     Result,
+    free_port,
     load_weights,
     max_abs_diff,
     run_cmd,
@@ -26,16 +26,9 @@ from tests.helpers import (
 )
 from tests.netns import TwoHosts
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 COMMON = [*FAST, "trainer.max_steps=10", "trainer.seed=3", "trainer.batch_size=32", "strategy=ddp"]
 # One thread per rank: two ranks share the two cores without oversubscribing them.
 ENV = {"OMP_NUM_THREADS": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_together(cmds: list[list[str]], timeout: float) -> list[Result]:

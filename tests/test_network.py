@@ -18,6 +18,7 @@ import pytest
 
 from tests.helpers import (
     FAST,
+    TORCHRUN,
     TRAIN,
     assert_no_leftovers,
     listening_sockets,
@@ -25,8 +26,6 @@ from tests.helpers import (
     start,
 )
 from tests.netns import TwoHosts
-
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ also those that failed, were cancelled or were requeued while the others ran on.
 
 from __future__ import annotations
 
-import csv
 import subprocess
 import sys
 import time
@@ -16,17 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FAST, TRAIN, run_cmd
-from tests.slurm_fixture import slurm_cluster  # noqa: F401  (the fixture)
+from tests.helpers import FAST, TRAIN, run_cmd, summary
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 SLURM = ["launcher=slurm", "launcher.cpus_per_task=1", "launcher.time=5", *FAST]
-
-
-def summary(sweep: Path) -> list[dict[str, str]]:
-    with open(sweep / "summary.csv") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.mark.timeout(240)

@@ -12,8 +12,6 @@ import pytest
 import submitit
 from submitit.core.utils import UncompletedJobError
 
-from tests.slurm_fixture import slurm_cluster  # noqa: F401  (the fixture)
-
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.test_sweeps import multirun, summary
+from tests.helpers import summary
+from tests.test_sweeps import multirun
 
 JOBS = 8
 STEPS = 5  # trainer.max_steps in tests.test_sweeps.SHORT

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ import pytest
 import torch
 
 from dpt.sweep import STATUS_FILE, report, write_status
-from tests.helpers import FAST, TRAIN, Result, run_cmd
+from tests.helpers import FAST, TRAIN, Result, run_cmd, summary
 
 SHORT = [*FAST, "trainer.max_steps=5"]
 SWEEP_FILES = {"multirun.yaml", "summary.csv", "summary.png"}
@@ -20,11 +19,6 @@ SWEEP_FILES = {"multirun.yaml", "summary.csv", "summary.png"}
 def multirun(sweep: Path, *overrides: str, timeout: float = 150, check: bool = True) -> Result:
     cmd = [sys.executable, str(TRAIN), "-m", *SHORT, *overrides, f"hydra.sweep.dir={sweep}"]
     return run_cmd(cmd, timeout=timeout, check=check)
-
-
-def summary(sweep: Path) -> list[dict[str, str]]:
-    with open(sweep / "summary.csv") as f:
-        return list(csv.DictReader(f))
 
 
 def status(job_dir: Path) -> dict:

@@ -6,7 +6,6 @@ import itertools
 import json
 import math
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from dpt.precision import Precision
 from dpt.schedulers import warmup_cosine
 from dpt.strategy import DDP
 from dpt.trainer import Trainer
-from tests.helpers import FAST, load_weights, max_abs_diff, train
+from tests.helpers import FAST, free_port, load_weights, max_abs_diff, train
 
 
 def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
@@ -44,12 +43,6 @@ def test_accumulating_two_batches_of_16_equals_one_batch_of_32(tmp_path: Path) -
     assert max_abs_diff(accum, big) < 1e-6
     torch.manual_seed(5)
     assert max_abs_diff(MLP((32,), 10, [256, 256]).state_dict(), big) > 1e-3  # it trained
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _count_allreduces(rank: int, world: int, port: int, accum: int, steps: int, out: Path) -> None:
@@ -103,7 +96,7 @@ def test_ddp_all_reduces_once_per_optimizer_step_with_accumulation(
     tmp_path: Path, accum: int
 ) -> None:
     steps = 3
-    mp.spawn(_count_allreduces, args=(2, _free_port(), accum, steps, tmp_path), nprocs=2, join=True)
+    mp.spawn(_count_allreduces, args=(2, free_port(), accum, steps, tmp_path), nprocs=2, join=True)
     for rank in (0, 1):
         calls = json.loads((tmp_path / f"calls-accum{accum}-rank{rank}.json").read_text())
         assert calls == [0] * steps  # one bucket, one all-reduce per optimizer step
