@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import logging
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -17,31 +13,18 @@ from PIL import Image
 
 from dpt.data.coco import CocoClassification
 from dpt.data.images import ImageDecodeError, read_image_rgb, train_transform, val_transform
+from scripts.make_coco_fixture import make_fixture
 
 # torchvision 0.29 deprecates its image decoders (in favour of TorchCodec) on every call.
 pytestmark = pytest.mark.filterwarnings(
     "ignore:The image decoding and encoding capabilities of TorchVision:DeprecationWarning"
 )
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_coco_fixture.py"
-
-
-@functools.cache
-def _load_fixture_module() -> ModuleType:
-    # scripts/ is not a package; load the file directly. Dataclasses look their module up in
-    # sys.modules while the class is created, so register it before running it.
-    spec = importlib.util.spec_from_file_location("make_coco_fixture", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
 def fixture_info(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("coco")
-    return root, _load_fixture_module().make_fixture(root, seed=0)
+    return root, make_fixture(root, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -273,9 +256,8 @@ def test_transforms(root: Path) -> None:
 
 
 def test_fixture_is_small_and_deterministic(tmp_path: Path) -> None:
-    module = _load_fixture_module()
-    first = module.make_fixture(tmp_path / "a", seed=0)
-    second = module.make_fixture(tmp_path / "b", seed=0)
+    first = make_fixture(tmp_path / "a", seed=0)
+    second = make_fixture(tmp_path / "b", seed=0)
     assert first == second
     files_a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.*"))
     files_b = sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*.*"))

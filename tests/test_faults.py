@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -75,16 +74,8 @@ def test_a_rank_that_raises_in_a_single_process_run(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(180)
 def test_a_worker_killed_with_sigkill_stops_the_world(tmp_path: Path) -> None:
-    pids: dict[str, str] = {}
-
-    def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
-        os.kill(int(pids["1"]), signal.SIGKILL)
-
-    result = _run_collecting_pids(
-        tmp_path,
-        [*FAST, *DDP, "trainer.max_steps=200", "model.hidden_dims=[512,512]"],
-        pids,
-        kill_rank_1,
+    result = _sigkill_rank_1_at_step_10(
+        tmp_path, [*FAST, *DDP, "trainer.max_steps=200", "model.hidden_dims=[512,512]"]
     )
     assert result.returncode == 1
     assert result.stderr.strip() == (
@@ -93,20 +84,14 @@ def test_a_worker_killed_with_sigkill_stops_the_world(tmp_path: Path) -> None:
     assert "[rank 0] stopped: another rank failed or stopped answering" in result.stdout
 
 
-def _run_collecting_pids(
-    run_dir: Path,
-    overrides: list[str],
-    pids: dict[str, str],
-    action: Callable[[subprocess.Popen[str], str], None],
-) -> Result:
-    """Run until rank 0 logs step 10, read each rank's pid from its log, then call `action`."""
+def _sigkill_rank_1_at_step_10(run_dir: Path, overrides: list[str]) -> Result:
+    """Run until rank 0 logs step 10, then SIGKILL rank 1 (its pid from its start line)."""
 
-    def collect_then_act(proc: subprocess.Popen[str], line: str) -> None:
-        for log in (run_dir / "logs").glob("rank*.log"):
-            pids.update(PID.findall(log.read_text()))
-        action(proc, line)
+    def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
+        pids = dict(PID.findall((run_dir / "logs" / "rank1.log").read_text()))
+        os.kill(int(pids["1"]), signal.SIGKILL)
 
-    return run_until(run_dir, overrides, "[rank 0] epoch 1 | step 10/", collect_then_act)
+    return run_until(run_dir, overrides, "[rank 0] epoch 1 | step 10/", kill_rank_1)
 
 
 @pytest.mark.timeout(300)
@@ -119,14 +104,7 @@ def test_max_restarts_restarts_the_world_and_continues_from_the_checkpoint(tmp_p
         "model.hidden_dims=[512,512]",
     ]
     train(tmp_path / "full", *common)
-    pids: dict[str, str] = {}
-
-    def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
-        os.kill(int(pids["1"]), signal.SIGKILL)
-
-    result = _run_collecting_pids(
-        tmp_path / "cut", [*common, "launcher.max_restarts=1"], pids, kill_rank_1
-    )
+    result = _sigkill_rank_1_at_step_10(tmp_path / "cut", [*common, "launcher.max_restarts=1"])
     assert result.returncode == 0, result.output
     assert "resumed from" in result.stdout
     full, cut = load_weights(tmp_path / "full"), load_weights(tmp_path / "cut")

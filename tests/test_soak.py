@@ -9,10 +9,9 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.helpers import summary
-from tests.test_sweeps import multirun
+from tests.test_sweeps import SHORT_STEPS, multirun
 
 JOBS = 8
-STEPS = 5  # trainer.max_steps in tests.test_sweeps.SHORT
 PORT = re.compile(r"backend gloo at [\w.]+:(\d+)")
 
 
@@ -52,6 +51,6 @@ def test_eight_ddp_jobs_at_once(tmp_path: Path) -> None:
         assert len(found) == 1  # both ranks of a job met at one address...
         ports |= found
         for folder in ("rank0", "rank1", "world"):  # ...and no metric point was lost
-            assert _loss_steps(job_dir / "tb" / folder) == list(range(1, STEPS + 1))
+            assert _loss_steps(job_dir / "tb" / folder) == list(range(1, SHORT_STEPS + 1))
     assert rank_logs == 2 * JOBS
     assert len(ports) == JOBS  # ...and no two jobs shared one

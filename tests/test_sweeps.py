@@ -12,7 +12,8 @@ import torch
 from dpt.sweep import STATUS_FILE, report, write_status
 from tests.helpers import FAST, TRAIN, Result, run_cmd, summary
 
-SHORT = [*FAST, "trainer.max_steps=5"]
+SHORT_STEPS = 5
+SHORT = [*FAST, f"trainer.max_steps={SHORT_STEPS}"]
 SWEEP_FILES = {"multirun.yaml", "summary.csv", "summary.png"}
 
 
