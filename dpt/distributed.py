@@ -112,13 +112,18 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-def agree_max(values: list[float], env: DistEnv) -> list[float]:
-    """Element-wise maximum over ranks of a few CPU numbers (flags): one small collective."""
+def all_gather_floats(values: list[float], env: DistEnv) -> list[list[float]]:
+    """Every rank's list of floats, on every rank: one small collective (CPU, over Gloo).
+
+    The one collective of the training loop besides the gradients: `dpt.agreement` sends the
+    non-finite and stop flags and the metrics window through it once per logging window.
+    """
     if not dist.is_initialized():
-        return values
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_control_group)
-    return t.tolist()
+        return [list(values)]
+    mine = torch.tensor(values, dtype=torch.float64)
+    rows = [torch.empty_like(mine) for _ in range(env.world_size)]
+    dist.all_gather(rows, mine, group=_control_group)
+    return [row.tolist() for row in rows]
 
 
 def broadcast_object(obj: Any, env: DistEnv) -> Any:
@@ -128,16 +133,3 @@ def broadcast_object(obj: Any, env: DistEnv) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0, device=env.device if env.backend == "nccl" else None)
     return box[0]
-
-
-def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
-    """Sum a few floats over all ranks (one collective)."""
-    if not dist.is_initialized():
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=_comm_device(env))
-    dist.all_reduce(t)
-    return t.tolist()
-
-
-def _comm_device(env: DistEnv) -> torch.device:
-    return env.device if env.backend == "nccl" else torch.device("cpu")

@@ -1,18 +1,53 @@
-"""Validation across all ranks: every sample counted exactly once (see ShardSampler)."""
+"""Validation across all ranks (every sample counted exactly once, see ShardSampler), and the
+best value of each metric so far."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
-import torchmetrics
 from torch import nn
 from torch.utils.data import DataLoader
 
 from dpt.distributed import DistEnv
+
+
+class Validation:
+    """Runs `evaluate` at epoch ends and keeps the best value of each metric (checkpointed)."""
+
+    def __init__(
+        self,
+        loader: DataLoader | None,
+        env: DistEnv,
+        num_classes: int,
+        autocast: Callable[[], AbstractContextManager[Any]],
+        to_device: Callable[[torch.Tensor], torch.Tensor],
+    ) -> None:
+        self.loader, self.env, self.num_classes = loader, env, num_classes
+        self.autocast, self.to_device = autocast, to_device
+        self.last: dict[str, float] = {}
+        self.best: dict[str, float] = {}
+
+    def run(self, model: nn.Module) -> dict[str, float]:
+        """World-wide metrics ({} without a validation split); all ranks must call it."""
+        if self.loader is None:
+            return {}
+        self.last = evaluate(
+            model, self.loader, self.env, self.num_classes, self.autocast, self.to_device
+        )
+        for key, value in self.last.items():
+            best = self.best.get(key)
+            if best is None or (value < best if key.endswith("loss") else value > best):
+                self.best[key] = value
+        return self.last
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": dict(self.best)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best = dict(state["best"])
 
 
 @torch.no_grad()
@@ -21,27 +56,26 @@ def evaluate(
     loader: DataLoader,
     env: DistEnv,
     num_classes: int,
-    non_blocking: bool = False,
-    autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
-    to_device: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    autocast: Callable[[], AbstractContextManager[Any]],
+    to_device: Callable[[torch.Tensor], torch.Tensor],
 ) -> dict[str, float]:
     """World-wide loss, top-1 and (with >= 5 classes) top-5 accuracy; all ranks must call it."""
+    import torchmetrics  # here: a run without validation never pays for the import
+
     metrics = {
         "loss": torchmetrics.MeanMetric(),
-        "acc1": _accuracy(num_classes, 1),
+        "acc1": _accuracy(torchmetrics, num_classes, 1),
         "samples": torchmetrics.SumMetric(),  # proves each sample was counted exactly once
     }
     if num_classes >= 5:
-        metrics["acc5"] = _accuracy(num_classes, 5)
+        metrics["acc5"] = _accuracy(torchmetrics, num_classes, 5)
     collection = torchmetrics.MetricCollection(metrics, compute_groups=False).to(env.device)
     loss_fn = nn.CrossEntropyLoss(reduction="none")
     was_training = model.training
     model.eval()
     for inputs, labels, _ in loader:
-        inputs = (
-            to_device(inputs) if to_device else inputs.to(env.device, non_blocking=non_blocking)
-        )
-        labels = labels.to(env.device, non_blocking=non_blocking)
+        inputs = to_device(inputs)
+        labels = labels.to(env.device, non_blocking=inputs.is_cuda)
         with autocast():
             logits = model(inputs).float()
         collection["loss"].update(loss_fn(logits, labels))
@@ -54,7 +88,7 @@ def evaluate(
     return {f"val/{k}": float(v) for k, v in collection.compute().items()}
 
 
-def _accuracy(num_classes: int, top_k: int) -> torchmetrics.Metric:
+def _accuracy(torchmetrics: Any, num_classes: int, top_k: int) -> Any:
     return torchmetrics.classification.MulticlassAccuracy(
         num_classes=num_classes, top_k=top_k, average="micro"
     )

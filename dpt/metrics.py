@@ -1,24 +1,60 @@
 """Training metrics: per-rank TensorBoard, world aggregates on rank 0, console lines, a bar.
 
-The loss is accumulated on the device and read back only once per `log_every_n_steps`, so logging
-adds no host-device synchronisation to the other steps.
+Per step everything stays where it is: the loss and gradient norm are summed on the device,
+counts and times on the host. Once per logging window the sums are read back (one device sync)
+and travel to every rank in the agreement's one collective (`dpt.agreement`); rank 0 then writes
+the world's numbers, including how far the slowest rank lags (stragglers).
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
-from dpt.distributed import DistEnv, agree_max, all_reduce_sum
+from dpt.distributed import DistEnv
 
 log = logging.getLogger("dpt")
+
+# The payload one rank sends at an agreement, in this order (see `MetricsLogger.payload`).
+FIELDS = ("samples_since", "bad_since", "loss", "grad_norm", "steps", "samples", "elapsed",
+          "data_s", "work_s")  # fmt: skip
+
+
+class StragglerWatch:
+    """Warns when one rank's own work per step (data and forward, before it waits for the other
+    ranks) exceeds `ratio` x the median rank's for `windows` logging windows in a row."""
+
+    def __init__(self, ratio: float = 1.25, windows: int = 3) -> None:
+        self.ratio, self.windows = ratio, windows
+        self.rank: int | None = None
+        self.streak = 0
+
+    def update(self, work_s: list[float]) -> dict[str, float]:
+        """World metrics of one window; logs a warning when a straggler persists."""
+        median = statistics.median_low(work_s)
+        slowest = max(range(len(work_s)), key=work_s.__getitem__)
+        ratio = work_s[slowest] / median if median > 0 else 1.0
+        if ratio > self.ratio and slowest == self.rank:
+            self.streak += 1
+        else:
+            self.rank, self.streak = (slowest, 1) if ratio > self.ratio else (None, 0)
+        if self.streak == self.windows:  # once per streak
+            log.warning(
+                f"rank {slowest} is a straggler: its work per step (data and forward, before "
+                f"the gradient sync) took {ratio:.2f}x the median rank's for {self.windows} "
+                "logging windows in a row"
+            )
+        return {
+            "world/work_s_max": work_s[slowest],
+            "world/work_s_min": min(work_s),
+            "world/straggler_ratio": ratio,
+        }
 
 
 class MetricsLogger:
@@ -30,130 +66,144 @@ class MetricsLogger:
         total_steps: int,
         start_step: int = 0,
     ) -> None:
-        self.env = env
+        self.env, self.run_dir = env, run_dir
         self.log_every = log_every_n_steps
         self.total_steps = total_steps
         # purge_step drops events a crashed run wrote past the resumed step: curves never fold back.
-        purge = start_step + 1 if start_step else None
-        self.rank_writer = SummaryWriter(run_dir / "tb" / f"rank{env.rank}", purge_step=purge)
-        self.world_writer = (
-            SummaryWriter(run_dir / "tb" / "world", purge_step=purge) if env.is_main else None
-        )
-        show_bar = env.is_main and sys.stdout.isatty()
-        self.bar = (
-            tqdm(
-                total=total_steps,
-                initial=start_step,
-                unit="step",
-                dynamic_ncols=True,
-                file=sys.stdout,
-            )
-            if show_bar
-            else None
-        )
+        self.purge_step = start_step + 1 if start_step else None
+        self._writers: dict[str, Any] = {}  # made at the first write: tensorboard imports slowly
+        self.bar = self._progress_bar(start_step) if env.is_main and sys.stdout.isatty() else None
+        self.stragglers = StragglerWatch()
         self.last_world_loss: float | None = None
+        self.world_samples = 0  # world-wide samples trained in this session
+        self.bad_samples = 0  # world-wide unreadable samples skipped since the last `take_bad`
+        self._since = [0, 0]  # samples trained, unreadable ones skipped: since the last agreement
         self._reset_window()
 
+    def _progress_bar(self, start_step: int) -> Any:
+        from tqdm import tqdm
+
+        return tqdm(total=self.total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                    file=sys.stdout)  # fmt: skip
+
     def _reset_window(self) -> None:
-        self._loss_sum = torch.zeros((), device=self.env.device)
-        self._grad_norm_sum: torch.Tensor | None = None
+        self._sums = torch.zeros(2, device=self.env.device)  # loss, grad norm: on the device
         self._steps = 0
         self._samples = 0
         self._data_s = 0.0
+        self._work_s = 0.0
+        self._has_grad_norm = False
         self._window_start = time.perf_counter()
 
-    def step(
+    def record(
         self,
-        step: int,
-        epoch: int,
         loss: torch.Tensor,
         samples: int,
+        bad: int,
         data_s: float,
-        lr: float,
-        grad_norm: torch.Tensor | None = None,
+        work_s: float,
+        grad_norm: torch.Tensor | None,
     ) -> None:
-        """Record one optimizer step; `step` counts from 1. Tensors stay on the device."""
-        self._loss_sum += loss.detach().float()
+        """One optimizer step. Nothing here waits for the device or another rank."""
+        self._sums[0] += loss.detach().float()
         if grad_norm is not None:
-            norm = grad_norm.detach().float()
-            self._grad_norm_sum = (
-                norm if self._grad_norm_sum is None else self._grad_norm_sum + norm
-            )
+            self._sums[1] += grad_norm.detach().float()
+            self._has_grad_norm = True
         self._steps += 1
         self._samples += samples
+        self._since[0] += samples
+        self._since[1] += bad
         self._data_s += data_s
+        self._work_s += work_s
         if self.bar is not None:
             self.bar.update(1)
-        if step % self.log_every == 0:
-            self.flush(step, epoch, lr)
 
-    def flush(self, step: int, epoch: int, lr: float) -> None:
-        """Write the window's averages. Every rank must call this at the same steps (collective)."""
-        if self._steps == 0:
-            return
+    def payload(self) -> list[float]:
+        """This rank's numbers for the agreement, in the order of FIELDS."""
+        loss_sum, grad_sum = self._sums.tolist()  # the window's one device sync
         elapsed = time.perf_counter() - self._window_start
-        loss = (self._loss_sum / self._steps).item()  # the one device sync of the window
+        return [*self._since, loss_sum, grad_sum, self._steps, self._samples, elapsed,
+                self._data_s, self._work_s]  # fmt: skip
+
+    def agreed(self, rows: list[list[float]], step: int, epoch: int, lr: float, log: bool) -> None:
+        """Take in every rank's payload; write and reset the window if `log` (same on all ranks)."""
+        world = [dict(zip(FIELDS, row, strict=True)) for row in rows]
+        self.world_samples += int(sum(r["samples_since"] for r in world))
+        self.bad_samples += int(sum(r["bad_since"] for r in world))
+        self._since = [0, 0]
+        if log and self._steps:
+            self._write_window(world, step, epoch, lr)
+            self._reset_window()
+
+    def take_bad(self) -> int:
+        """World-wide unreadable samples skipped since the last call."""
+        bad, self.bad_samples = self.bad_samples, 0
+        return bad
+
+    def _write_window(
+        self, world: list[dict[str, float]], step: int, epoch: int, lr: float
+    ) -> None:
+        mine = world[self.env.rank]
+        steps, elapsed = mine["steps"], mine["elapsed"]
+        loss = mine["loss"] / steps
         rank_scalars = {
             "train/loss": loss,
-            "train/samples_per_s": self._samples / elapsed,
-            "time/step_s": elapsed / self._steps,
-            "time/data_s": self._data_s / self._steps,
+            "train/samples_per_s": mine["samples"] / elapsed,
+            "time/step_s": elapsed / steps,
+            "time/data_s": mine["data_s"] / steps,
+            "time/work_s": mine["work_s"] / steps,
             "optim/lr": lr,
         }
-        if self._grad_norm_sum is not None:  # mean pre-clip global norm over the window
-            rank_scalars["optim/grad_norm"] = (self._grad_norm_sum / self._steps).item()
+        if self._has_grad_norm:  # mean pre-clip global norm over the window
+            rank_scalars["optim/grad_norm"] = mine["grad_norm"] / steps
         if self.env.device.type == "cuda":
             rank_scalars["memory/cuda_allocated_gb"] = torch.cuda.memory_allocated() / 2**30
             rank_scalars["memory/cuda_max_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
-        self._write(self.rank_writer, rank_scalars, step)
-
-        loss_sum, steps, samples = all_reduce_sum(
-            [loss * self._steps, self._steps, self._samples], self.env
-        )
-        (slowest,) = agree_max([elapsed], self.env)
-        self.last_world_loss = loss_sum / steps
-        world_samples_s = samples / slowest
-        if self.world_writer is not None:
-            self._write(
-                self.world_writer,
-                {"train/loss": self.last_world_loss, "train/samples_per_s": world_samples_s},
-                step,
-            )
-        self._console(
+        self._write(f"rank{self.env.rank}", rank_scalars, step)
+        self.last_world_loss = sum(r["loss"] for r in world) / sum(r["steps"] for r in world)
+        world_samples_s = sum(r["samples"] for r in world) / max(r["elapsed"] for r in world)
+        stragglers = self.stragglers.update([r["work_s"] / r["steps"] for r in world])
+        if self.env.is_main:
+            world_scalars = {"train/loss": self.last_world_loss,
+                             "train/samples_per_s": world_samples_s, **stragglers}  # fmt: skip
+            self._write("world", world_scalars, step)
+        log.info(
             f"epoch {epoch + 1} | step {step}/{self.total_steps} | loss {loss:.4f} | "
-            f"{self._samples / elapsed:,.0f} samples/s"
+            f"{mine['samples'] / elapsed:,.0f} samples/s"
         )
         if self.bar is not None:
             self.bar.set_postfix(
                 loss=f"{self.last_world_loss:.4f}", samples_s=f"{world_samples_s:,.0f}"
             )
-        self._reset_window()
 
-    def scalars(self, values: dict[str, float], step: int, world: bool = True) -> None:
+    def scalars(self, values: dict[str, float], step: int) -> None:
         """Already-aggregated values (e.g. validation): rank 0 writes them to the world folder."""
-        if world and self.world_writer is not None:
-            self._write(self.world_writer, values, step)
+        if self.env.is_main and values:
+            self._write("world", values, step)
 
     def hparams(self, hparams: dict[str, Any], final: dict[str, float]) -> None:
-        if self.world_writer is None:
+        if not self.env.is_main:
             return
         # run_name="." keeps the hparams in the world folder instead of a timestamped sub-run.
-        self.world_writer.add_hparams(
+        self._writer("world").add_hparams(
             hparams, {f"hparam/{k}": v for k, v in final.items()}, run_name="."
         )
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        for writer in (self.rank_writer, self.world_writer):
-            if writer is not None:
-                writer.close()
+        for writer in self._writers.values():
+            writer.close()
 
-    def _console(self, message: str) -> None:
-        # With a bar on rank 0 the bar carries the numbers; lines still go to the rank's log file.
-        log.info(message)
+    def _writer(self, name: str) -> Any:
+        if name not in self._writers:
+            from torch.utils.tensorboard import SummaryWriter
 
-    @staticmethod
-    def _write(writer: SummaryWriter, scalars: dict[str, float], step: int) -> None:
+            folder = self.run_dir / "tb" / name
+            self._writers[name] = SummaryWriter(folder, purge_step=self.purge_step)
+        return self._writers[name]
+
+    def _write(self, name: str, scalars: dict[str, float], step: int) -> None:
+        writer = self._writer(name)
         for tag, value in scalars.items():
             writer.add_scalar(tag, value, step)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -44,6 +45,14 @@ class Precision:
         if self.scaler:
             self.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         return nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The fp16 loss scale and its growth tracker ({} when there is no scaler)."""
+        return self.scaler.state_dict() if self.scaler else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler and state:
+            self.scaler.load_state_dict(state)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler:

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
-import random
 import re
 import time
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from dpt import checkpoint
-from dpt.config import CheckpointConfig, TrainerConfig, build
-from dpt.data.loaders import build_loaders
 from dpt.distributed import (
     DistEnv,
     broadcast_object,
@@ -30,13 +25,11 @@ from dpt.distributed import (
 from dpt.errors import DptError, one_line
 from dpt.interrupt import Interrupted
 from dpt.logs import TRACE_LOGGER_NAME, setup_logging
-from dpt.metrics import MetricsLogger
-from dpt.models import build_model, unwrap
-from dpt.strategy import Strategy
-from dpt.trainer import Trainer, TrainResult, planned_steps
+from dpt.models import unwrap
+from dpt.parts import Parts, RunConfig, build_parts
+from dpt.trainer import Trainer, TrainResult
 
 log = logging.getLogger("dpt")
-T = TypeVar("T")
 
 
 def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
@@ -100,60 +93,34 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     log_file = run_dir / "logs" / f"rank{env.rank}.log"
     setup_logging(f"rank {env.rank}", log_file)
     _limit_cpu_threads(env)
-    settings = _typed(TrainerConfig, cfg.trainer)
-    seed_everything(settings.seed)
-
-    data = build(cfg.dataset, seed=settings.seed)
-    strategy: Strategy = build(cfg.strategy)
-    worker_init = functools.partial(_init_loader_worker, env.rank, log_file)
-    loaders = build_loaders(data, env, settings.batch_size, settings.seed, worker_init)
-    torch.manual_seed(settings.seed)  # identical initial weights on every rank, every strategy
-    model = build_model(cfg.model, data.input_shape, data.num_classes).to(env.device)
-    model = strategy.wrap(model, env)
-    if settings.compile:
-        model = torch.compile(model)
-    optimizer = build(cfg.optimizer)(model.parameters())
-    total_steps = planned_steps(loaders, settings, env.world_size)
-    scheduler = build(cfg.scheduler)(optimizer, total_steps=total_steps)
-
-    resumed = checkpoint.resolve_resume(cfg.checkpoint.resume, run_dir)
-    start_step = resumed[1]["step"] if resumed else 0
-    metrics = MetricsLogger(run_dir, env, settings.log_every_n_steps, total_steps, start_step)
-    trainer = Trainer(
-        model, optimizer, scheduler, loaders, env, metrics, settings,
-        ckpt=_typed(CheckpointConfig, cfg.checkpoint), run_dir=run_dir,
-        num_classes=data.num_classes, channels_last=bool(cfg.model.get("channels_last", False)),
-        config_yaml=OmegaConf.to_yaml(cfg),
-    )  # fmt: skip
-    if resumed is not None:
-        trainer.load_state_dict(resumed[1], resumed[0])
-        log.info(f"resumed from {resumed[0]} at step {start_step}")
-    global_batch = strategy.global_batch(settings.batch_size, env) * settings.grad_accum_steps
-    _log_start(strategy, env, settings, global_batch, total_steps)
+    run_cfg = RunConfig.of(cfg)
+    parts = build_parts(run_cfg, env, run_dir, log_file)
+    trainer = Trainer(parts)
+    if parts.resumed is not None:
+        path, state = parts.resumed
+        trainer.load_state_dict(state, path)
+        log.info(f"resumed from {path} at step {state['step']}")
+    _log_start(parts)
     try:
         result = trainer.fit()
-        summary = _summary(result, env, global_batch)
+        summary = _summary(result, env, parts.global_batch)
         if env.is_main:
             log.info(
                 f"done: {result.steps} steps in {result.wall_time_s:.1f} s | "
                 f"{summary['samples_per_s']:,.0f} samples/s (world) | final loss "
                 f"{_fmt(result.final_loss)}"
             )
-            _write_outputs(run_dir, unwrap(model), summary)
-            metrics.hparams(_hparams(cfg, env, global_batch, run_dir), _final_metrics(summary))
+            _write_outputs(run_dir, unwrap(parts.model), summary)
+            parts.metrics.hparams(
+                _hparams(cfg, env, parts.global_batch, run_dir), _final_metrics(summary)
+            )
     finally:
-        metrics.close()
+        parts.metrics.close()
     return summary
 
 
-def _typed(schema: type[T], node: DictConfig) -> T:
-    """The plain dict a worker receives, back as its schema's dataclass (typed attributes)."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))  # type: ignore[return-value]
-
-
-def _log_start(
-    strategy: Strategy, env: DistEnv, settings: TrainerConfig, global_batch: int, total_steps: int
-) -> None:
+def _log_start(parts: Parts) -> None:
+    env, settings = parts.env, parts.settings
     backend = env.backend if env.world_size > 1 else "none"
     if env.world_size > 1:  # where this world met: tells jobs of a sweep apart, helps debugging
         backend += f" at {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
@@ -163,22 +130,11 @@ def _log_start(
         else ""
     )
     log.info(
-        f"pid {os.getpid()} | strategy={strategy.name} | world size {env.world_size} | "
-        f"device {env.device} | "
-        f"backend {backend} | precision {settings.precision} | batch per process "
-        f"{settings.batch_size}{accum} | global batch {global_batch} | {total_steps} steps"
+        f"pid {os.getpid()} | strategy={parts.strategy.name} | world size {env.world_size} | "
+        f"device {env.device} | backend {backend} | precision {settings.precision} | batch per "
+        f"process {settings.batch_size}{accum} | global batch {parts.global_batch} | "
+        f"{parts.total_steps} steps"
     )
-
-
-def _init_loader_worker(rank: int, log_file: Path, worker_id: int) -> None:
-    """DataLoader workers may be fresh processes: give them the rank's log prefix and file."""
-    setup_logging(f"rank {rank} loader {worker_id}", log_file)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def _limit_cpu_threads(env: DistEnv) -> None:

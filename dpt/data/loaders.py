@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -11,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from dpt.distributed import DistEnv
+from dpt.state import DataPosition
 
 
 class DataModule(Protocol):
@@ -81,6 +83,44 @@ class Loaders:
     def start_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         self.train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         self.train_sampler.start_index = skip_batches * self.batch_size
+
+    def steps_per_epoch(self, accum: int) -> int:
+        return self.batches_per_epoch() // accum
+
+    def epoch_batches(
+        self, position: DataPosition, accum: int
+    ) -> Iterator[tuple[list[Batch], float]]:
+        """The rest of `position`'s epoch in groups of `accum` batches, with the seconds spent
+        waiting for each group; a resumed epoch starts where the checkpoint left it (the sampler
+        skips the indices already seen: nothing is loaded twice)."""
+        self.start_epoch(position.epoch, skip_batches=position.step_in_epoch * accum)
+        remaining = self.steps_per_epoch(accum) - position.step_in_epoch
+        group: list[Batch] = []
+        fetch_start = time.perf_counter()
+        for batch in self.train:
+            group.append(batch)
+            if len(group) < accum:
+                continue
+            yield group, time.perf_counter() - fetch_start
+            group, remaining = [], remaining - 1
+            if remaining == 0:
+                return
+            fetch_start = time.perf_counter()
+
+
+class ToDevice:
+    """Moves a batch's inputs to the rank's device: pinned batches copy while the GPU computes
+    (non_blocking), and convnets get channels_last images when the model asks for them."""
+
+    def __init__(self, device: torch.device, channels_last: bool = False) -> None:
+        self.device, self.channels_last = device, channels_last
+        self.non_blocking = device.type == "cuda"
+
+    def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
+        inputs = inputs.to(self.device, non_blocking=self.non_blocking)
+        if self.channels_last and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        return inputs
 
 
 def build_loaders(

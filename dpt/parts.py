@@ -1,0 +1,128 @@
+"""The rank boundary: the resolved config becomes typed settings once, and the run's parts are
+built from it here (data, model, strategy, optimizer, schedule, precision, metrics, agreement,
+validation, early stopping). The trainer receives them built; defaults live in `dpt.config`."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from dpt import checkpoint
+from dpt.agreement import Agreement
+from dpt.config import CheckpointConfig, TrainerConfig, build
+from dpt.data.loaders import Loaders, ToDevice, build_loaders
+from dpt.distributed import DistEnv
+from dpt.early_stopping import EarlyStopping
+from dpt.errors import DptError
+from dpt.evaluate import Validation
+from dpt.logs import setup_logging
+from dpt.metrics import MetricsLogger
+from dpt.models import build_model
+from dpt.precision import Precision
+from dpt.state import seed_everything
+from dpt.strategy import Strategy
+
+T = TypeVar("T")
+
+
+@dataclass
+class RunConfig:
+    """The worker's config: typed settings, plus the group nodes that `build` instantiates."""
+
+    trainer: TrainerConfig
+    checkpoint: CheckpointConfig
+    groups: DictConfig  # model, dataset, strategy, optimizer, scheduler: `_target_` nodes
+    yaml: str  # the whole resolved config, stored in checkpoints
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> RunConfig:
+        return cls(_typed(TrainerConfig, cfg.trainer), _typed(CheckpointConfig, cfg.checkpoint),
+                   cfg, OmegaConf.to_yaml(cfg))  # fmt: skip
+
+
+def _typed(schema: type[T], node: DictConfig) -> T:
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))  # type: ignore[return-value]
+
+
+@dataclass
+class Parts:
+    settings: TrainerConfig
+    checkpoint: CheckpointConfig
+    env: DistEnv
+    run_dir: Path
+    strategy: Strategy
+    loaders: Loaders
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any  # torch.optim.lr_scheduler.LRScheduler
+    precision: Precision
+    to_device: ToDevice
+    metrics: MetricsLogger
+    agreement: Agreement
+    validation: Validation
+    early_stopping: EarlyStopping
+    total_steps: int
+    global_batch: int
+    config_yaml: str
+    resumed: tuple[Path, dict[str, Any]] | None
+
+    @property
+    def checkpoint_every(self) -> int:
+        return (self.checkpoint.every_n_steps or 0) if self.checkpoint.enabled else 0
+
+
+def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> Parts:
+    t, groups = cfg.trainer, cfg.groups
+    seed_everything(t.seed)
+    data = build(groups.dataset, seed=t.seed)
+    strategy: Strategy = build(groups.strategy)
+    worker_init = functools.partial(_init_loader_worker, env.rank, log_file)
+    loaders = build_loaders(data, env, t.batch_size, t.seed, worker_init)
+    torch.manual_seed(t.seed)  # identical initial weights on every rank, every strategy
+    model = build_model(groups.model, data.input_shape, data.num_classes).to(env.device)
+    model = strategy.wrap(model, env)
+    if t.compile:
+        model = torch.compile(model)
+    optimizer = build(groups.optimizer)(model.parameters())
+    total_steps = planned_steps(loaders, t, env.world_size)
+    scheduler = build(groups.scheduler)(optimizer, total_steps=total_steps)
+    precision = Precision(t.precision, env.device)
+    to_device = ToDevice(env.device, bool(groups.model.get("channels_last", False)))
+    resumed = checkpoint.resolve_resume(cfg.checkpoint.resume, run_dir)
+    start_step = resumed[1]["step"] if resumed else 0
+    return Parts(
+        settings=t, checkpoint=cfg.checkpoint, env=env, run_dir=run_dir, strategy=strategy,
+        loaders=loaders, model=model, optimizer=optimizer, scheduler=scheduler,
+        precision=precision, to_device=to_device,
+        metrics=MetricsLogger(run_dir, env, t.log_every_n_steps, total_steps, start_step),
+        agreement=Agreement(env, total_steps, t.on_nonfinite),
+        validation=Validation(loaders.val, env, data.num_classes, precision.autocast, to_device),
+        early_stopping=EarlyStopping(t.early_stopping, verbose=env.is_main),
+        total_steps=total_steps,
+        global_batch=strategy.global_batch(t.batch_size, env) * t.grad_accum_steps,
+        config_yaml=cfg.yaml, resumed=resumed,
+    )  # fmt: skip
+
+
+def planned_steps(loaders: Loaders, settings: TrainerConfig, world_size: int) -> int:
+    """Optimizer steps of the whole run: epochs x full steps per epoch, capped by max_steps."""
+    per_epoch = loaders.steps_per_epoch(settings.grad_accum_steps)
+    if per_epoch == 0:
+        raise DptError(
+            f"the training set gives no full optimizer step: {loaders.train_size} samples over "
+            f"{world_size} rank(s) at trainer.batch_size={loaders.batch_size} x "
+            f"trainer.grad_accum_steps={settings.grad_accum_steps}"
+        )
+    total = per_epoch * settings.epochs
+    return min(total, settings.max_steps) if settings.max_steps else total
+
+
+def _init_loader_worker(rank: int, log_file: Path, worker_id: int) -> None:
+    """DataLoader workers may be fresh processes: give them the rank's log prefix and file."""
+    setup_logging(f"rank {rank} loader {worker_id}", log_file)

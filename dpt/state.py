@@ -1,0 +1,114 @@
+"""What a checkpoint holds, as parts: the model, the step count, the data position, the RNGs.
+
+Each part has `state_dict()` / `load_state_dict()` (torch.distributed.checkpoint's `Stateful`), so
+a checkpoint is the dict of every part's state and nothing else needs to know their insides.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from dpt.models import unwrap
+
+
+@dataclass
+class Progress:
+    """Optimizer steps done, and unreadable samples skipped world-wide (plain numbers only)."""
+
+    step: int = 0
+    bad_samples: int = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.bad_samples = int(state["step"]), int(state["bad_samples"])
+
+
+@dataclass
+class DataPosition:
+    """Where the data stands: the epoch in progress (0-based) and the optimizer steps done in it.
+    A resumed run starts that epoch's shuffle at the same place (see Loaders.start_epoch)."""
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+
+    def next_epoch(self) -> None:
+        self.epoch, self.step_in_epoch = self.epoch + 1, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
+
+
+class ModelState:
+    """The model's weights without its wrappers (DDP, DataParallel, torch.compile), so one
+    checkpoint loads under every strategy."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        return unwrap(self.model).state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        unwrap(self.model).load_state_dict(state)
+
+
+class RNGState:
+    """Python's, NumPy's, torch's (and CUDA's) generators, as tensors and numbers only, so a
+    checkpoint loads with `weights_only=True` (no NumPy objects, no pickled code)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        np_state = np.random.get_state()
+        state: dict[str, Any] = {
+            "torch": torch.get_rng_state(),
+            "python": _lists(random.getstate()),
+            "numpy": {
+                "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                "pos": int(np_state[2]),
+                "has_gauss": int(np_state[3]),
+                "gauss": float(np_state[4]),
+            },
+        }
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        random.setstate(_tuples(state["python"]))
+        keys = state["numpy"]
+        np.random.set_state(
+            (
+                "MT19937",
+                keys["keys"].numpy().astype(np.uint32),
+                keys["pos"],
+                keys["has_gauss"],
+                keys["gauss"],
+            )
+        )
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _lists(value: Any) -> Any:
+    return [_lists(v) for v in value] if isinstance(value, tuple | list) else value
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
