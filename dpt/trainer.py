@@ -97,12 +97,12 @@ class Trainer:
         work_s = 0.0
         for i, (inputs, labels, _) in enumerate(micro_batches):
             inputs, labels = self.parts.to_device(inputs), self.parts.to_device(labels)
-            with self.precision.autocast():
-                loss = self.loss_fn(self.model(inputs), labels) / len(micro_batches)
             last = i == len(micro_batches) - 1
-            if last:
-                work_s = time.perf_counter() - step_start
             with self.no_sync(not last):  # ddp all-reduces once, in the last backward
+                with self.precision.autocast():
+                    loss = self.loss_fn(self.model(inputs), labels) / len(micro_batches)
+                if last:
+                    work_s = time.perf_counter() - step_start
                 self.precision.backward(loss)
             total += loss.detach().float()
         return total, work_s

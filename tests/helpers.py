@@ -12,9 +12,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -194,3 +195,45 @@ def summary(sweep: Path) -> list[dict[str, str]]:
     """The rows of a sweep's summary.csv."""
     with open(sweep / "summary.csv") as f:
         return list(csv.DictReader(f))
+
+
+def compose(*overrides: str) -> Any:
+    """The config `train.py` would run with these overrides, composed in this process."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from dpt.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+@contextlib.contextmanager
+def joined_world(rank: int, world: int, port: int) -> Iterator[Any]:
+    """This process as rank `rank` of a CPU world on 127.0.0.1:`port` (for mp.spawn tests)."""
+    from dpt.distributed import destroy_process_group, env_from_environment, init_process_group
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
+    env = env_from_environment("cpu")
+    init_process_group(env, timeout_s=60)
+    try:
+        yield env
+    finally:
+        destroy_process_group()
+
+
+def build_trainer(run_dir: Path, env: Any, *overrides: str) -> Any:
+    """A Trainer built as a rank builds it, from `train.py`'s config with these overrides."""
+    from dpt.parts import RunConfig, build_parts
+    from dpt.trainer import Trainer
+
+    cfg = RunConfig.of(compose(*overrides))
+    return Trainer(build_parts(cfg, env, run_dir, run_dir / f"rank{env.rank}.log"))

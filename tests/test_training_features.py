@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -15,17 +14,18 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from dpt.config import CheckpointConfig, TrainerConfig
-from dpt.data.loaders import build_loaders
-from dpt.data.synthetic import SyntheticData
-from dpt.distributed import destroy_process_group, env_from_environment, init_process_group
-from dpt.metrics import MetricsLogger
 from dpt.models.mlp import MLP
 from dpt.precision import Precision
 from dpt.schedulers import warmup_cosine
-from dpt.strategy import DDP
-from dpt.trainer import Trainer
-from tests.helpers import FAST, free_port, load_weights, max_abs_diff, train
+from tests.helpers import (
+    FAST,
+    build_trainer,
+    free_port,
+    joined_world,
+    load_weights,
+    max_abs_diff,
+    train,
+)
 
 
 def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
@@ -45,21 +45,17 @@ def test_accumulating_two_batches_of_16_equals_one_batch_of_32(tmp_path: Path) -
     assert max_abs_diff(MLP((32,), 10, [256, 256]).state_dict(), big) > 1e-3  # it trained
 
 
+SMALL_DDP = ["strategy=ddp", "dataset.num_samples=512", "dataset.num_val_samples=0",
+             "dataset.input_dim=8", "dataset.num_classes=3", "model.hidden_dims=[16]",
+             "optimizer=sgd", "trainer.batch_size=8", "checkpoint.enabled=false"]  # fmt: skip
+
+
 def _count_allreduces(rank: int, world: int, port: int, accum: int, steps: int, out: Path) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-    )
-    env = env_from_environment("cpu")
-    init_process_group(env, timeout_s=60)
-    try:
-        loaders = build_loaders(SyntheticData(512, 0, 8, 3, seed=0), env, batch_size=8, seed=0)
-        torch.manual_seed(0)
-        model = DDP().wrap(MLP((8,), 3, [16]), env)
+    with joined_world(rank, world, port) as env:
+        trainer = build_trainer(
+            out / f"run{accum}", env, *SMALL_DDP, f"trainer.max_steps={steps}",
+            f"trainer.grad_accum_steps={accum}", "trainer.log_every_n_steps=100",
+        )  # fmt: skip
         calls: list[int] = []
 
         # No annotations: DDP compares them with dist.GradBucket, and here they are strings.
@@ -67,27 +63,10 @@ def _count_allreduces(rank: int, world: int, port: int, accum: int, steps: int, 
             calls.append(bucket.index())
             return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
 
-        model.register_comm_hook(None, counting_hook)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        settings = TrainerConfig(batch_size=8, epochs=1, max_steps=steps, grad_accum_steps=accum)
-        metrics = MetricsLogger(out / f"run{accum}", env, log_every_n_steps=100, total_steps=steps)
-        trainer = Trainer(
-            model,
-            optimizer,
-            warmup_cosine(optimizer, steps, 0),
-            loaders,
-            env,
-            metrics,
-            settings,
-            CheckpointConfig(enabled=False),
-            out,
-            num_classes=3,
-        )
+        trainer.model.register_comm_hook(None, counting_hook)
         trainer.fit()
-        metrics.close()
+        trainer.metrics.close()
         (out / f"calls-accum{accum}-rank{rank}.json").write_text(json.dumps(calls))
-    finally:
-        destroy_process_group()
 
 
 @pytest.mark.timeout(200)
