@@ -24,6 +24,7 @@ from dpt.checkpoint import checkpoint_dir, list_checkpoints
 from dpt.config import parse_nproc
 from dpt.errors import DptError
 from dpt.rendezvous import keep_collectives_on_loopback, register_loopback_rendezvous
+from dpt.rollcall import SILENT_RANK
 from dpt.worker import run_worker
 
 log = logging.getLogger("dpt")
@@ -122,19 +123,31 @@ def describe_stop(stopped: Any, run_dir: Path) -> str:
 
 
 def describe_failure(failed: Any, run_dir: Path) -> str:
-    """One line naming the first rank that failed and why (from torchelastic's error file)."""
+    """One line naming the rank that caused the failure and why (from torchelastic's error
+    files): a rank that stopped answering, as another rank's roll call found; else the first
+    rank that failed."""
+    for noticed_by, failure in sorted(failed.failures.items()):
+        silent = SILENT_RANK.match(_message(failure))
+        if silent:
+            log_file = run_dir / "logs" / f"rank{silent.group(1)}.log"
+            return f"{silent.group(0)} (noticed by rank {noticed_by}; log: {log_file})"
     rank, failure = failed.get_first_failure()
     log_file = run_dir / "logs" / f"rank{rank}.log"
+    raw = _message(failure)
+    if failure.exitcode < 0:
+        why = f"killed by {failure.signal_name()}"
+    elif not raw or raw.startswith("To enable traceback"):  # no error file was written
+        why = f"exit code {failure.exitcode}"
+    else:
+        why = raw
+    return f"rank {rank} failed: {why} (log: {log_file})"
+
+
+def _message(failure: Any) -> str:
     raw = failure.message
     if isinstance(raw, dict):  # the error file's {"message": ..., "extraInfo": ...}
         raw = raw.get("message")
-    if failure.exitcode < 0:
-        why = f"killed by {failure.signal_name()}"
-    elif not raw or str(raw).startswith("To enable traceback"):  # no error file was written
-        why = f"exit code {failure.exitcode}"
-    else:
-        why = str(raw).strip().removeprefix("DptError: ")
-    return f"rank {rank} failed: {why} (log: {log_file})"
+    return str(raw or "").strip().removeprefix("DptError: ")
 
 
 class TorchrunLauncher:

@@ -27,6 +27,7 @@ from dpt.interrupt import Interrupted
 from dpt.logs import TRACE_LOGGER_NAME, setup_logging
 from dpt.models import unwrap
 from dpt.parts import Parts, RunConfig, build_parts
+from dpt.rollcall import RollCall
 from dpt.trainer import Trainer, TrainResult
 
 log = logging.getLogger("dpt")
@@ -36,16 +37,19 @@ def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """Entry point of every rank: in-process, elastic launch, torchrun or SLURM started it."""
     env = env_from_environment(cfg_dict["trainer"]["device"])
     init_process_group(env, cfg_dict["trainer"]["timeout_s"])
+    roll_call = RollCall(env)
     try:
         # Rank 0's config and folder win: ranks that composed their own config under torchrun
         # may differ in `${now:...}` and must all write into one run folder.
         cfg_dict, run_dir = broadcast_object((cfg_dict, run_dir), env)
+        roll_call.start_answering()
         return _run(OmegaConf.create(cfg_dict), Path(run_dir), env)
     except Exception as error:
         if "TORCHELASTIC_ERROR_FILE" not in os.environ:
             raise  # in-process: the caller reports it
-        _exit_reporting(error, cfg_dict["trainer"]["timeout_s"])
+        _exit_reporting(error, cfg_dict["trainer"]["timeout_s"], roll_call)
     finally:
+        roll_call.stop_answering()
         destroy_process_group()
 
 
@@ -63,16 +67,23 @@ def is_peer_failure(error: BaseException) -> bool:
     return isinstance(error, torch.distributed.DistError) or bool(_PEER_FAILURE.search(str(error)))
 
 
-def _exit_reporting(error: Exception, timeout_s: float) -> NoReturn:
+def _exit_reporting(error: Exception, timeout_s: float, roll_call: RollCall) -> NoReturn:
     """Under an elastic agent (local launcher, torchrun): one console line, the traceback in this
     rank's log file, the error in torchelastic's error file for the launcher's one-line report;
     then exit 1 without a traceback, so a failure is not a wall of tracebacks from every rank."""
+    reported: Exception = error
+    silent = None
     peer = is_peer_failure(error)
     if peer:
         why = "another rank failed or stopped answering"
         if _TIMED_OUT.search(str(error)):  # a silent peer: a hung rank, a lost node or link
             why += f" (no reply within trainer.timeout_s={timeout_s:g})"
+            silent = roll_call.absent(timeout_s)
+            if silent is not None:  # the cause is known: report it, no need to wait for it
+                reported, peer = silent, False
         log.error(f"stopped: {why}")
+        if silent is not None:
+            log.error(one_line(silent))
     elif isinstance(error, Interrupted):
         log.info(one_line(error))  # a requested stop, not a failure
     else:
@@ -84,8 +95,10 @@ def _exit_reporting(error: Exception, timeout_s: float) -> NoReturn:
         time.sleep(PEER_FAILURE_GRACE_S)
     # A DptError is already a sentence; other errors keep their type name ("ValueError: ...").
     ErrorHandler().record_exception(
-        DptError(one_line(error)) if isinstance(error, DptError) else error
+        DptError(one_line(reported)) if isinstance(reported, DptError) else reported
     )
+    if silent is not None:
+        silent.wake_it()
     raise SystemExit(1)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 
 import torch
@@ -28,4 +29,14 @@ class RaisingMLP(MLP):
             and (self.calls == int(os.environ["DPT_TEST_FAIL_CALL"]))
         ):
             raise ValueError(f"injected failure on rank {rank} at call {self.calls}")
+        return super().forward(inputs)
+
+
+class SlowMLP(MLP):
+    """Sleeps $DPT_TEST_SLOW_S seconds in every training forward on rank $DPT_TEST_SLOW_RANK:
+    a straggler."""
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.training and os.environ.get("RANK", "0") == os.environ["DPT_TEST_SLOW_RANK"]:
+            time.sleep(float(os.environ["DPT_TEST_SLOW_S"]))
         return super().forward(inputs)

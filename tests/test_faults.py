@@ -220,3 +220,32 @@ def test_an_output_folder_that_cannot_be_written(tmp_path: Path, where: str) -> 
     assert result.stderr.strip() == (
         f"Error: hydra.run.dir={folder}: the output folder cannot be written ({reason})"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_stopped_rank_is_named_and_the_run_ends_within_the_timeout(tmp_path: Path) -> None:
+    """Rank 1 is stopped (SIGSTOP), not dead: rank 0 waits trainer.timeout_s, calls the roll,
+    and the final line names rank 1, not rank 0, the rank that waited."""
+    timeout_s = 15
+    stopped: dict[str, float] = {}
+
+    def stop_rank_1(proc: subprocess.Popen[str], line: str) -> None:
+        pids = dict(PID.findall((tmp_path / "logs" / "rank1.log").read_text()))
+        os.kill(int(pids["1"]), signal.SIGSTOP)
+        stopped["at"] = time.monotonic()
+        stopped["pid"] = int(pids["1"])
+
+    overrides = [*FAST, *DDP, f"trainer.timeout_s={timeout_s}", "trainer.max_steps=5000",
+                 "dataset.num_samples=65536"]  # fmt: skip
+    result = run_until(tmp_path, overrides, "step 10/", stop_rank_1, timeout=150)
+    took = time.monotonic() - stopped["at"]
+    assert result.returncode == 1, result.output
+    assert timeout_s <= took < timeout_s + 15, took
+    assert re.fullmatch(
+        rf"Error: rank 1 stopped answering: no reply within trainer\.timeout_s={timeout_s}; "
+        rf"pid {stopped['pid']} on \S+ "
+        rf"\(noticed by rank 0; log: {re.escape(str(tmp_path))}/logs/rank1\.log\)",
+        result.stderr.strip(),
+    ), result.stderr
+    assert "[rank 0] stopped: another rank failed or stopped answering" in result.stdout
