@@ -2,10 +2,11 @@
 
 Every rank must take the same decisions at the same step: apply this update or skip it (a
 non-finite loss somewhere), stop now or go on (a signal on some rank). Between agreements nothing
-waits for the device or the network: a non-finite loss is noted on the device, a signal sets a
-flag. At an agreement, one `all_gather` carries those flags and the metrics window (see
-`dpt.metrics`), so logging costs no second collective. Under `trainer.on_nonfinite=skip` ranks
-agree every step, since the update itself waits for the verdict: the documented exception.
+waits for the device or the network, nor even runs on the device: each step's loss is kept as it
+is and a signal sets a flag; the losses are checked at the agreement, in one device round trip.
+There one `all_gather` carries the flags and the metrics window (see `dpt.metrics`), so logging
+costs no second collective. Under `trainer.on_nonfinite=skip` ranks agree every step, since the
+update itself waits for the verdict: the documented exception.
 """
 
 from __future__ import annotations
@@ -26,31 +27,6 @@ class NonFiniteLoss(DptError):
     """The loss became NaN or infinite (trainer.on_nonfinite=error)."""
 
 
-class FirstNonFinite:
-    """The first non-finite loss since the last `take`, kept on the device: noting a step costs
-    no host-device sync; `take`, once per agreement, costs one."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._reset()
-
-    def _reset(self) -> None:
-        self.step = torch.zeros((), dtype=torch.int64, device=self.device)
-        self.loss = torch.zeros((), device=self.device)
-
-    def note(self, loss: torch.Tensor, step: int) -> None:
-        first = ~torch.isfinite(loss) & (self.step == 0)
-        self.step = torch.where(first, step, self.step)
-        self.loss = torch.where(first, loss.detach().float(), self.loss)
-
-    def take(self) -> tuple[int, float]:
-        """(step, loss) of the first non-finite loss, or (0, 0.0); starts over."""
-        step = int(self.step.item())  # waits for the device: once per agreement
-        loss = float(self.loss.item()) if step else 0.0
-        self._reset()
-        return step, loss
-
-
 @dataclass
 class Verdict:
     """What every rank decided together at one step, and every rank's payload row."""
@@ -63,19 +39,34 @@ class Verdict:
 class Agreement:
     def __init__(self, env: DistEnv, last_step: int, on_nonfinite: str) -> None:
         self.env, self.last_step, self.on_nonfinite = env, last_step, on_nonfinite
-        self.nonfinite = FirstNonFinite(env.device)
+        self._losses: list[torch.Tensor] = []  # since the last agreement, still on the device
+        self._first_step = 0  # the step of _losses[0]
 
     @property
     def every_step(self) -> bool:
         return self.on_nonfinite == "skip"
 
     def note(self, loss: torch.Tensor, step: int) -> None:
-        self.nonfinite.note(loss, step)
+        """Keep this step's loss for the next agreement: no device op, no wait."""
+        if not self._losses:
+            self._first_step = step
+        self._losses.append(loss)
+
+    def _first_nonfinite(self) -> tuple[int, float]:
+        """(step, loss) of the first non-finite loss since the last agreement, or (0, 0.0)."""
+        if not self._losses:
+            return 0, 0.0
+        losses = torch.stack(self._losses).float()
+        self._losses = []
+        bad = ~torch.isfinite(losses)
+        i = torch.argmax(bad.int())  # the first non-finite one, or 0
+        found, index, loss = torch.stack([bad[i].float(), i.float(), losses[i]]).tolist()
+        return (self._first_step + int(index), loss) if found else (0, 0.0)  # ^ waits: once
 
     def agree(self, stop: StopRequest, payload: list[float]) -> Verdict:
         """One collective: ranks agree on the earliest non-finite loss and on stopping, and see
         each other's payload. Raises NonFiniteLoss under on_nonfinite=error."""
-        first_step, first_loss = self.nonfinite.take()
+        first_step, first_loss = self._first_nonfinite()
         rows = all_gather_floats([float(self._code(first_step)), float(bool(stop)), *payload],
                                  self.env)  # fmt: skip
         stop_now = any(row[1] for row in rows)

@@ -1,9 +1,9 @@
 """Training metrics: per-rank TensorBoard, world aggregates on rank 0, console lines, a bar.
 
-Per step everything stays where it is: the loss and gradient norm are summed on the device,
-counts and times on the host. Once per logging window the sums are read back (one device sync)
-and travel to every rank in the agreement's one collective (`dpt.agreement`); rank 0 then writes
-the world's numbers, including how far the slowest rank lags (stragglers).
+Per step nothing is computed: the loss and gradient norm are kept as the device made them, counts
+and times summed on the host. Once per logging window the sums are read back (one wait for the
+device) and travel to every rank in the agreement's one collective (`dpt.agreement`); rank 0 then
+writes the world's numbers, including how far the slowest rank lags (stragglers).
 """
 
 from __future__ import annotations
@@ -87,12 +87,12 @@ class MetricsLogger:
                     file=sys.stdout)  # fmt: skip
 
     def _reset_window(self) -> None:
-        self._sums = torch.zeros(2, device=self.env.device)  # loss, grad norm: on the device
+        self._losses: list[torch.Tensor] = []  # per step, on the device: summed at the window end
+        self._grad_norms: list[torch.Tensor] = []
         self._steps = 0
         self._samples = 0
         self._data_s = 0.0
         self._work_s = 0.0
-        self._has_grad_norm = False
         self._window_start = time.perf_counter()
 
     def record(
@@ -105,10 +105,9 @@ class MetricsLogger:
         grad_norm: torch.Tensor | None,
     ) -> None:
         """One optimizer step. Nothing here waits for the device or another rank."""
-        self._sums[0] += loss.detach().float()
+        self._losses.append(loss)
         if grad_norm is not None:
-            self._sums[1] += grad_norm.detach().float()
-            self._has_grad_norm = True
+            self._grad_norms.append(grad_norm.detach())
         self._steps += 1
         self._samples += samples
         self._since[0] += samples
@@ -120,7 +119,12 @@ class MetricsLogger:
 
     def payload(self) -> list[float]:
         """This rank's numbers for the agreement, in the order of FIELDS."""
-        loss_sum, grad_sum = self._sums.tolist()  # the window's one device sync
+        loss_sum, grad_sum = 0.0, 0.0
+        if self._losses:
+            norms = self._grad_norms or [torch.zeros((), device=self.env.device)]
+            sums = torch.stack([torch.stack(self._losses).float().sum(),
+                                torch.stack(norms).float().sum()])  # fmt: skip
+            loss_sum, grad_sum = sums.tolist()  # the window's one wait for the device
         elapsed = time.perf_counter() - self._window_start
         return [*self._since, loss_sum, grad_sum, self._steps, self._samples, elapsed,
                 self._data_s, self._work_s]  # fmt: skip
@@ -154,7 +158,7 @@ class MetricsLogger:
             "time/work_s": mine["work_s"] / steps,
             "optim/lr": lr,
         }
-        if self._has_grad_norm:  # mean pre-clip global norm over the window
+        if self._grad_norms:  # mean pre-clip global norm over the window
             rank_scalars["optim/grad_norm"] = mine["grad_norm"] / steps
         if self.env.device.type == "cuda":
             rank_scalars["memory/cuda_allocated_gb"] = torch.cuda.memory_allocated() / 2**30

@@ -12,8 +12,30 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, StepLR
 
 
-def constant(optimizer: Optimizer, total_steps: int) -> LRScheduler:
-    return LambdaLR(optimizer, _Constant())
+def constant(optimizer: Optimizer, total_steps: int) -> Constant:
+    return Constant(optimizer)
+
+
+class Constant:
+    """The optimizer's own learning rate, unchanged. Not an LRScheduler on purpose: those wrap
+    `optimizer.step` with a call counter and recompute every group's lr each step, which a loop
+    without a schedule, as one writes it by hand, does not pay."""
+
+    def __init__(self, optimizer: Optimizer) -> None:
+        self.optimizer = optimizer
+        self.last_epoch = 0
+
+    def step(self) -> None:
+        self.last_epoch += 1
+
+    def get_last_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"last_epoch": self.last_epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.last_epoch = int(state["last_epoch"])
 
 
 def step(
@@ -33,13 +55,8 @@ def warmup_cosine(
     return LambdaLR(optimizer, WarmupCosine(warmup_steps, total_steps, floor))
 
 
-class _Constant:
-    # Callable objects, not lambdas: LambdaLR saves their __dict__ (plain numbers) in checkpoints.
-    def __call__(self, step: int) -> float:
-        return 1.0
-
-
 class WarmupCosine:
+    # A callable object, not a lambda: LambdaLR saves its __dict__ (plain numbers) in checkpoints.
     def __init__(self, warmup_steps: int, total_steps: int, floor: float) -> None:
         self.warmup_steps = warmup_steps
         self.total_steps = total_steps

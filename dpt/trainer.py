@@ -93,19 +93,20 @@ class Trainer:
     ) -> tuple[torch.Tensor, float]:
         """Gradients summed over the micro-batches; returns the loss (on the device) and this
         rank's own work time: until its last backward, where ddp waits for the other ranks."""
-        total = torch.zeros((), device=self.parts.env.device)
-        work_s = 0.0
+        losses, work_s = [], 0.0
         for i, (inputs, labels, _) in enumerate(micro_batches):
             inputs, labels = self.parts.to_device(inputs), self.parts.to_device(labels)
             last = i == len(micro_batches) - 1
             with self.no_sync(not last):  # ddp all-reduces once, in the last backward
                 with self.precision.autocast():
-                    loss = self.loss_fn(self.model(inputs), labels) / len(micro_batches)
+                    loss = self.loss_fn(self.model(inputs), labels)
+                if len(micro_batches) > 1:
+                    loss = loss / len(micro_batches)  # the mean over the whole batch
                 if last:
                     work_s = time.perf_counter() - step_start
                 self.precision.backward(loss)
-            total += loss.detach().float()
-        return total, work_s
+            losses.append(loss.detach())
+        return (losses[0] if len(losses) == 1 else torch.stack(losses).sum()), work_s
 
     def no_sync(self, skip_sync: bool) -> contextlib.AbstractContextManager[Any]:
         no_sync = getattr(self.model, "no_sync", None)  # DDP (also through torch.compile)

@@ -6,10 +6,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
 from dpt.distributed import DistEnv
 from dpt.state import DataPosition
@@ -28,8 +28,27 @@ class DataModule(Protocol):
 Batch = tuple[torch.Tensor, torch.Tensor, int]
 
 
-def collate_drop_bad(samples: Sequence[Any]) -> Batch:
+class StackedBatch(NamedTuple):
+    """A batch an in-memory dataset fetched in one indexing op (its `__getitems__`)."""
+
+    inputs: torch.Tensor
+    labels: torch.Tensor
+
+
+class InMemoryDataset(TensorDataset):
+    """Inputs and labels held as two tensors. The DataLoader asks for a whole batch at once
+    (`__getitems__`): two indexing ops instead of one per sample, then a stack per batch."""
+
+    def __getitems__(self, indices: list[int]) -> StackedBatch:
+        index = torch.as_tensor(indices)
+        inputs, labels = self.tensors
+        return StackedBatch(inputs[index], labels[index])
+
+
+def collate_drop_bad(samples: Sequence[Any] | StackedBatch) -> Batch:
     """Stack (input, label) pairs; a dataset returns None for an unreadable sample, counted here."""
+    if isinstance(samples, StackedBatch):
+        return samples.inputs, samples.labels, 0
     good = [s for s in samples if s is not None]
     if not good:
         raise RuntimeError(f"every sample in a batch of {len(samples)} was unreadable")

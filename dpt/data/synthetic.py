@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset
+
+from dpt.data.loaders import InMemoryDataset
 
 
 class SyntheticData:
@@ -26,9 +28,9 @@ class SyntheticData:
         teacher = torch.randn(input_dim, num_classes, generator=g)
         x = torch.randn(num_samples + num_val_samples, input_dim, generator=g)
         y = (x @ teacher).argmax(dim=1)
-        self.train = TensorDataset(x[:num_samples], y[:num_samples])
+        self.train = InMemoryDataset(x[:num_samples], y[:num_samples])
         self.val: Dataset | None = (
-            TensorDataset(x[num_samples:], y[num_samples:]) if num_val_samples else None
+            InMemoryDataset(x[num_samples:], y[num_samples:]) if num_val_samples else None
         )
         self.input_shape: tuple[int, ...] = (input_dim,)
         self.num_classes = num_classes

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import torch
+import sys
+
 from omegaconf import DictConfig
 from torch import nn
 
@@ -16,12 +17,19 @@ def build_model(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int)
     return model
 
 
+def _compiled_module_type() -> type | tuple[()]:
+    """torch.compile's wrapper class, if torch.compile was ever used: importing torch._dynamo
+    only to find that a model is not compiled would cost seconds."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return eval_frame.OptimizedModule if eval_frame is not None else ()
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's module inside DataParallel / DistributedDataParallel / torch.compile."""
     while True:
         if isinstance(model, nn.DataParallel | nn.parallel.DistributedDataParallel):
             model = model.module
-        elif isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+        elif isinstance(model, _compiled_module_type()):
             model = model._orig_mod
         else:
             return model
