@@ -136,10 +136,13 @@ def test_checkpoints_keep_only_the_newest(tmp_path: Path) -> None:
         "scheduler",
         "scaler",
         "progress",
+        "data_position",
+        "validation",
+        "early_stopping",
         "rng",
         "config",
     } <= state.keys()
-    assert state["progress"]["step"] == 9 and state["progress"]["step_in_epoch"] == 9
+    assert state["progress"]["step"] == 9 and state["data_position"]["step_in_epoch"] == 9
     assert "strategy:" in state["config"]
 
 
