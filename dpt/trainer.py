@@ -80,7 +80,7 @@ class Trainer:
         self.agreement.note(loss, self.progress.step + 1)
         verdict = self.agree(stop) if self.agrees_now() else None  # waits: once per window
         if verdict is None or verdict.apply_update:
-            self.precision.step(self.optimizer)
+            self.precision.step(self.optimizer)  # 16-mixed: the scaler waits for its inf check
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.progress.step += 1

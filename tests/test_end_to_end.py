@@ -17,6 +17,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from dpt.models.mlp import MLP
 from tests.helpers import FAST, REPO, TRAIN, load_weights, max_abs_diff, run_cmd, train
 
+pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
+
 STEPS = 20
 RANK_TAGS = {"train/loss", "train/samples_per_s", "time/step_s", "time/data_s", "optim/lr"}
 WORLD_TAGS = {"train/loss", "train/samples_per_s"}

@@ -25,6 +25,8 @@ from tests.helpers import (
     train,
 )
 
+pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
+
 DDP = [
     "strategy=ddp",
     "launcher.nproc_per_node=2",
@@ -222,7 +224,6 @@ def test_an_output_folder_that_cannot_be_written(tmp_path: Path, where: str) -> 
     )
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_stopped_rank_is_named_and_the_run_ends_within_the_timeout(tmp_path: Path) -> None:
     """Rank 1 is stopped (SIGSTOP), not dead: rank 0 waits trainer.timeout_s, calls the roll,

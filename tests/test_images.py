@@ -30,6 +30,7 @@ def coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ddp_trains_resnet18_on_the_coco_fixture(coco: Path, tmp_path: Path) -> None:
     result = train(
@@ -60,6 +61,7 @@ def test_ddp_trains_resnet18_on_the_coco_fixture(coco: Path, tmp_path: Path) -> 
     assert {"val/acc1", "val/acc5", "val/loss"} <= set(acc.Tags()["scalars"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("workers", [0, 1])
 def test_bad_image_with_error_policy_stops_naming_the_file(
@@ -82,6 +84,7 @@ def test_bad_image_with_error_policy_stops_naming_the_file(
     assert line.startswith(f"Error: unreadable image {coco / 'train2017'}/0000000001")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_validation_counts_each_sample_once_for_world_sizes_1_2_3(tmp_path: Path) -> None:
     # lr=0 keeps the initial weights, so every world size must report the same numbers.
@@ -103,6 +106,7 @@ def test_validation_counts_each_sample_once_for_world_sizes_1_2_3(tmp_path: Path
         assert results[world]["val/loss"] == pytest.approx(results[1]["val/loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_resnet18_on_fake_images(tmp_path: Path) -> None:
     train(
@@ -121,6 +125,7 @@ def test_resnet18_on_fake_images(tmp_path: Path) -> None:
     assert state["fc.weight"].shape == (10, 512)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("overrides", "message"),
@@ -151,6 +156,7 @@ def test_model_dataset_mismatch_and_missing_paths(
     assert result.stderr.strip() == message
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_missing_and_truncated_annotation_files(coco: Path, tmp_path: Path) -> None:
     root = tmp_path / "coco"

@@ -26,6 +26,8 @@ from tests.helpers import (
 )
 from tests.netns import TwoHosts
 
+pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
+
 COMMON = [*FAST, "trainer.max_steps=10", "trainer.seed=3", "trainer.batch_size=32", "strategy=ddp"]
 # One thread per rank: two ranks share the two cores without oversubscribing them.
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -71,7 +73,6 @@ def check_world(node_dirs: list[Path], one_node: Path) -> None:
     assert max_abs_diff(load_weights(run_dir), load_weights(one_node)) < 1e-5
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_c10d_rendezvous_two_nodes_equal_one_node(tmp_path: Path, one_node: Path) -> None:
     rdzv = [
@@ -84,7 +85,6 @@ def test_c10d_rendezvous_two_nodes_equal_one_node(tmp_path: Path, one_node: Path
     check_world(dirs, one_node)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_static_rendezvous_two_nodes_equal_one_node(tmp_path: Path, one_node: Path) -> None:
     port = free_port()
@@ -106,7 +106,6 @@ def test_static_rendezvous_two_nodes_equal_one_node(tmp_path: Path, one_node: Pa
     assert dirs[0].exists()  # static: node_rank 0 holds global rank 0
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_network_namespaces_equal_one_node(
     tmp_path: Path, one_node: Path, two_hosts: TwoHosts

@@ -27,8 +27,9 @@ from tests.helpers import (
 )
 from tests.netns import TwoHosts
 
+pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
 
-@pytest.mark.slow
+
 @pytest.mark.timeout(180)
 def test_a_local_ddp_run_listens_on_loopback_only(tmp_path: Path, two_hosts: TwoHosts) -> None:
     """The launcher's rendezvous store, rank 0's store and Gloo's sockets: 127.0.0.1 only,
@@ -65,7 +66,6 @@ def test_a_local_ddp_run_listens_on_loopback_only(tmp_path: Path, two_hosts: Two
     assert addresses == {"127.0.0.1"}, opened
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_pulled_link_stops_both_nodes_within_the_timeout(
     tmp_path: Path, two_hosts: TwoHosts

@@ -12,6 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from tests.helpers import FAST, Result, load_weights, run_until, train
 
+pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
+
 DDP = ["strategy=ddp", "launcher.nproc_per_node=2", "trainer.batch_size=32"]
 # 2048 samples / (2 ranks x 32) = 32 steps per epoch: 40 steps cross an epoch boundary.
 CKPT = ["checkpoint.every_n_steps=5", "trainer.log_every_n_steps=5"]

@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import FAST, TRAIN, run_cmd, summary
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 
 SLURM = ["launcher=slurm", "launcher.cpus_per_task=1", "launcher.time=5", *FAST]
 

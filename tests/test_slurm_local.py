@@ -12,7 +12,7 @@ import pytest
 import submitit
 from submitit.core.utils import UncompletedJobError
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 
 
 def _executor(folder: Path) -> submitit.AutoExecutor:

@@ -11,6 +11,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tests.helpers import summary
 from tests.test_sweeps import SHORT_STEPS, multirun
 
+pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
+
 JOBS = 8
 PORT = re.compile(r"backend gloo at [\w.]+:(\d+)")
 
@@ -21,7 +23,6 @@ def _loss_steps(folder: Path) -> list[int]:
     return [e.step for e in acc.Scalars("train/loss")]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_eight_ddp_jobs_at_once(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"

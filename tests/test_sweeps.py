@@ -12,6 +12,8 @@ import torch
 from dpt.sweep import STATUS_FILE, report, write_status
 from tests.helpers import FAST, TRAIN, Result, run_cmd, summary
 
+pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
+
 SHORT_STEPS = 5
 SHORT = [*FAST, f"trainer.max_steps={SHORT_STEPS}"]
 SWEEP_FILES = {"multirun.yaml", "summary.csv", "summary.png"}
@@ -37,7 +39,6 @@ def skip_if_mps() -> None:
         pytest.skip("these tests make a job fail with trainer.device=mps")
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_by_two_sweep_mixing_ddp_and_single(tmp_path: Path) -> None:
     """ddp jobs first: the single jobs after them would fail on a leftover RANK or WORLD_SIZE."""
@@ -63,7 +64,6 @@ def test_two_by_two_sweep_mixing_ddp_and_single(tmp_path: Path) -> None:
     assert (sweep / "summary.png").stat().st_size > 1000
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_joblib_runs_two_ddp_jobs_at_once(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"

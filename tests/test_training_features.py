@@ -34,6 +34,7 @@ def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_accumulating_two_batches_of_16_equals_one_batch_of_32(tmp_path: Path) -> None:
     common = [*FAST, "optimizer=sgd", "trainer.max_steps=20", "trainer.seed=5"]
@@ -69,6 +70,7 @@ def _count_allreduces(rank: int, world: int, port: int, accum: int, steps: int, 
         (out / f"calls-accum{accum}-rank{rank}.json").write_text(json.dumps(calls))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("accum", [1, 2, 4])
 def test_ddp_all_reduces_once_per_optimizer_step_with_accumulation(
@@ -81,6 +83,7 @@ def test_ddp_all_reduces_once_per_optimizer_step_with_accumulation(
         assert calls == [0] * steps  # one bucket, one all-reduce per optimizer step
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_bf16_mixed_trains_on_cpu(tmp_path: Path) -> None:
     result = train(tmp_path, *FAST, "trainer.precision=bf16-mixed", "trainer.epochs=2")
@@ -115,6 +118,7 @@ def test_clipping_returns_the_pre_clip_norm_and_leaves_the_bound() -> None:
     assert after.item() == pytest.approx(1.0, rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_grad_norm_and_lr_curves_are_logged(tmp_path: Path) -> None:
     train(
@@ -155,6 +159,7 @@ def test_warmup_cosine_curve() -> None:
     assert all(a >= b for a, b in itertools.pairwise(lrs[2:11]))  # monotone decay
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("strategy", ["single", "ddp"])
 def test_non_finite_loss_stops_naming_step_and_rank(tmp_path: Path, strategy: str) -> None:
@@ -173,6 +178,7 @@ def test_non_finite_loss_stops_naming_step_and_rank(tmp_path: Path, strategy: st
     assert "set trainer.on_nonfinite=skip" in line
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_a_non_finite_loss_is_caught_before_anything_is_saved(tmp_path: Path) -> None:
     # The loss is inf from step 2; ranks agree on it at step 3, a checkpoint step, before saving.
@@ -192,6 +198,7 @@ def test_a_non_finite_loss_is_caught_before_anything_is_saved(tmp_path: Path) ->
     assert not (tmp_path / "model.pt").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_non_finite_loss_can_be_skipped(tmp_path: Path) -> None:
     result = train(
@@ -206,6 +213,7 @@ def test_non_finite_loss_can_be_skipped(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 6
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_early_stopping_ends_the_run_when_the_metric_stalls(tmp_path: Path) -> None:
     # lr=0: the weights never change, so val/acc1 never improves after the first epoch.
@@ -224,6 +232,7 @@ def test_early_stopping_ends_the_run_when_the_metric_stalls(tmp_path: Path) -> N
     assert metrics["steps"] == 2 * (2048 // 64)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_compile_trains(tmp_path: Path) -> None:
     train(tmp_path / "compiled", *FAST, "trainer.compile=true", "trainer.max_steps=4", timeout=380)
