@@ -21,7 +21,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from dpt.checkpoint import checkpoint_dir, list_checkpoints
-from dpt.config import parse_nproc
+from dpt.config import is_distributed, parse_nproc
 from dpt.errors import DptError
 from dpt.rendezvous import keep_collectives_on_loopback, register_loopback_rendezvous
 from dpt.worker import run_worker
@@ -29,10 +29,6 @@ from dpt.worker import run_worker
 log = logging.getLogger("dpt")
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def is_distributed(cfg: DictConfig) -> bool:
-    return bool(get_class(cfg.strategy._target_).distributed)
 
 
 def resolved(cfg: DictConfig) -> dict[str, Any]:
@@ -51,7 +47,7 @@ class LocalLauncher:
     def run(self, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         if "TORCHELASTIC_RUN_ID" in os.environ:
             raise DptError("this process was started by torchrun: add launcher=torchrun")
-        if not is_distributed(cfg):
+        if not is_distributed(cfg.strategy):
             return run_worker(resolved(cfg), str(run_dir))
         nproc = self.processes(cfg.trainer.device)
         log.info(f"starting {nproc} ddp workers through torch.distributed's elastic launcher")
@@ -138,7 +134,7 @@ def describe_failure(failed: Any, run_dir: Path) -> str:
 
 
 class TorchrunLauncher:
-    """torchrun started this process; only its rank 0 runs Hydra (see `follow_torchrun`)."""
+    """torchrun started this process; only its rank 0 runs Hydra (see `dpt.cli.follow_torchrun`)."""
 
     def run(self, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         require_torchrun_env()
@@ -148,7 +144,7 @@ class TorchrunLauncher:
 class SlurmLauncher:
     """SLURM started this process, one task per rank, through Hydra's submitit launcher (`-m`).
 
-    The resource keys of `launcher=slurm` are read by that launcher (conf/launcher/slurm.yaml);
+    The resource keys of `launcher=slurm` are read by that launcher (dpt/conf/launcher/slurm.yaml);
     here only the world size they ask for matters, to check it against SLURM's.
     """
 
@@ -158,7 +154,7 @@ class SlurmLauncher:
     def run(self, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         from dpt.slurm import torch_env_from_slurm
 
-        if self.world_size > 1 and not is_distributed(cfg):
+        if self.world_size > 1 and not is_distributed(cfg.strategy):
             raise DptError(
                 f"strategy={get_class(cfg.strategy._target_).name} runs one process: "
                 "use strategy=ddp, or launcher.nodes=1 launcher.tasks_per_node=1"
@@ -177,17 +173,8 @@ def require_torchrun_env() -> None:
         )
 
 
-def is_torchrun_follower() -> bool:
-    """A non-zero rank under torchrun: it must not run Hydra (no second run folder)."""
-    return "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "0") != "0"
-
-
-def follow_torchrun(conf_dir: Path, overrides: list[str]) -> None:
-    """Compose the config without Hydra's run machinery and join rank 0's world and run folder."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+def follow_torchrun_world(cfg: DictConfig) -> None:
+    """A torchrun rank >= 1 (composed by `dpt.cli.follow_torchrun`): join rank 0's world."""
     if get_class(cfg.launcher._target_) is not TorchrunLauncher:
         raise DptError("this process was started by torchrun: add launcher=torchrun")
     run_worker(resolved(cfg), run_dir="")  # rank 0 broadcasts its config and folder
