@@ -21,7 +21,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from dpt.checkpoint import checkpoint_dir, list_checkpoints
-from dpt.config import is_distributed, parse_nproc
+from dpt.config import cpu_cores, is_distributed, parse_nproc
 from dpt.errors import DptError
 from dpt.rendezvous import keep_collectives_on_loopback, register_loopback_rendezvous
 from dpt.worker import run_worker
@@ -68,7 +68,28 @@ class LocalLauncher:
                 f"launcher.nproc_per_node={requested}: only {gpus} GPU(s) visible; use at most "
                 f"{gpus}, or trainer.device=cpu"
             )
+        if not gpus:
+            check_cpu_processes(requested, cpu_cores())
         return requested
+
+
+# CPU ranks beyond the cores only take turns; far beyond, each rank's memory (a full copy of
+# torch, model, data and loader workers) fills the machine long before the first step.
+MAX_PROCESSES_PER_CORE = 4
+
+
+def check_cpu_processes(nproc: int, cores: int) -> None:
+    """Warn when CPU ranks outnumber the cores; refuse far past that."""
+    if nproc > MAX_PROCESSES_PER_CORE * cores:
+        raise DptError(
+            f"launcher.nproc_per_node={nproc}: more than {MAX_PROCESSES_PER_CORE} CPU processes "
+            f"per core ({cores} cores here); use at most {MAX_PROCESSES_PER_CORE * cores}"
+        )
+    if nproc > cores:
+        log.warning(
+            f"launcher.nproc_per_node={nproc}: more processes than the {cores} CPU cores here; "
+            "they share the cores, each step is slower than with fewer processes"
+        )
 
 
 def launch_local_world(
