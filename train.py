@@ -1,22 +1,11 @@
-"""dpt: train a model with `single`, `dp` or `ddp` from one Hydra config.
+"""dpt: train a model with `single`, `dp` or `ddp` from one Hydra config (the same as `dpt`).
 
 python train.py                          # single process, synthetic data, MLP
 python train.py strategy=ddp             # 2 CPU workers, or one per GPU
 torchrun --standalone --nproc_per_node=2 train.py strategy=ddp launcher=torchrun
 """
 
-from typing import Any
-
-import hydra
-from omegaconf import DictConfig
-
-from dpt.cli import run, task
-
-
-@hydra.main(config_path="conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> Any:
-    return task(cfg)
-
+from dpt.cli import main
 
 if __name__ == "__main__":
-    run(main)
+    main()

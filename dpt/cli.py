@@ -1,13 +1,20 @@
-"""The `train.py` entry point: Hydra main, torchrun followers, and one-line errors."""
+"""The `dpt` command (and `train.py`): Hydra main, torchrun followers, and one-line errors.
+
+Nothing here imports torch at module level: `--help`, `--cfg job` and a config error answer in
+well under a second. The launcher (and with it torch) is imported by the task, once the config
+is known to be good.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from hydra.types import RunMode
@@ -16,10 +23,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from dpt.config import build, register_configs, validate
 from dpt.errors import Abort, DptError, one_line
-from dpt.launch import follow_torchrun, is_torchrun_follower
 from dpt.logs import setup_logging
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+if TYPE_CHECKING:
+    from hydra._internal.hydra import Hydra
+
+# The config groups ship inside the package (dpt/conf): the same path from a clone, an editable
+# install or a wheel, whatever the current folder.
+CONFIG_PATH = "pkg://dpt.conf"
+CONFIG_NAME = "config"
 
 register_configs()
 
@@ -29,8 +41,8 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     hydra_cfg = HydraConfig.get()
     try:
         validate(cfg)  # in a multirun, this job's own overrides are first seen here
-        setup_logging("launcher")  # lines from this process, as opposed to a rank's
-        launcher = build(cfg.launcher)
+        setup_logging(launcher_prefix(hydra_cfg))  # lines from this process, not from a rank
+        launcher = build(cfg.launcher)  # imports dpt.launch, and with it torch
         return launcher.run(cfg, Path(hydra_cfg.runtime.output_dir))
     except DptError as error:
         if hydra_cfg.mode == RunMode.RUN:
@@ -38,13 +50,33 @@ def task(cfg: DictConfig) -> dict[str, Any]:
         raise  # a sweep records the failed job and goes on
 
 
+def launcher_prefix(hydra_cfg: DictConfig) -> str:
+    """`launcher`, or `launcher job 3` in a multirun: concurrent jobs (joblib) share a console."""
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        return f"launcher job {hydra_cfg.job.num}"
+    return "launcher"
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name=CONFIG_NAME, version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> Any:
+    return task(cfg)
+
+
+def main() -> None:
+    """`dpt [overrides]` and `python train.py [overrides]`: the same command."""
+    run(_hydra_main)
+
+
 def run(hydra_main: Callable[[], Any]) -> None:
     """Run Hydra's main, printing bad input as one line on stderr (exit 1), not a traceback.
 
     HYDRA_FULL_ERROR=1 keeps Hydra's full traceback for those who want it.
     """
+    argv = sys.argv[1:]
     if is_torchrun_follower():
-        return _report(lambda: follow_torchrun(CONF_DIR, sys.argv[1:]))
+        return _report(lambda: follow_torchrun(argv))
+    if asks_for_help(argv):
+        return _report(lambda: show_help(argv))
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         hydra_main()
         return None
@@ -54,6 +86,119 @@ def run(hydra_main: Callable[[], Any]) -> None:
     finally:
         os.environ.pop("HYDRA_FULL_ERROR", None)
     return None
+
+
+# --- Hydra's command line, outside `hydra.main` ------------------------------------------------
+
+
+def hydra_args(argv: list[str]) -> argparse.Namespace:
+    """`argv` as `hydra.main` parses it: flags (--config-dir, --cfg, -m, ...) and overrides."""
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser().parse_args(argv)
+
+
+def hydra_app(args: argparse.Namespace, cls: type[Hydra] | None = None) -> Hydra:
+    """Hydra as `hydra.main` sets it up for `_hydra_main`: the same search path, so that
+    `--config-dir`, `--config-path` and the config groups mean the same here."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+
+    # `calling_module=__name__`: a relative --config-path resolves as for `_hydra_main`.
+    search_path = create_automatic_config_search_path(
+        None, __name__, args.config_path or CONFIG_PATH
+    )
+    if args.config_dir is not None:
+        search_path.prepend(
+            provider="command-line",
+            path=f"file://{os.path.abspath(args.config_dir)}",
+            anchor=SearchPathQuery(provider="schema"),
+        )
+    return (cls or Hydra).create_main_hydra2(task_name="dpt", config_search_path=search_path)
+
+
+# --- --help ---------------------------------------------------------------------------------------
+
+
+def asks_for_help(argv: list[str]) -> bool:
+    return "--help" in argv or "-h" in argv
+
+
+def show_help(argv: list[str]) -> None:
+    """Hydra's `--help` with dpt's template (dpt/conf/hydra/help/dpt.yaml), listing only the
+    user's config groups, in a fraction of the time (see `_AppGroupsHydra`)."""
+    from hydra._internal.utils import get_args_parser
+
+    args = hydra_args(argv)
+    app = hydra_app(args, cls=_app_groups_hydra())
+    app.app_help(config_name=args.config_name or CONFIG_NAME, args_parser=get_args_parser(),
+                 args=args)  # fmt: skip
+
+
+def _app_groups_hydra() -> type[Hydra]:
+    from hydra._internal.hydra import Hydra
+
+    class _AppGroupsHydra(Hydra):
+        """`$APP_CONFIG_GROUPS` without the internal `schema/*` groups. Hydra's own listing
+        walks every group, Hydra's included, copying the whole config store for each (about two
+        seconds): here only the top-level groups of the app are listed."""
+
+        def format_config_groups(
+            self, predicate: Callable[[str], bool], compact: bool = True
+        ) -> str:
+            hidden = ("hydra", "schema")
+            groups = [g for g in self.config_loader.list_groups("") if g not in hidden]
+            return "".join(
+                f"{group}: {', '.join(sorted(self.config_loader.get_group_options(group)))}\n"
+                for group in sorted(groups)
+                if predicate(group)
+            )
+
+    return _AppGroupsHydra
+
+
+# --- torchrun ranks >= 1 --------------------------------------------------------------------------
+
+
+def is_torchrun_follower() -> bool:
+    """A non-zero rank under torchrun: it must not run Hydra's run machinery (no second folder)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "0") != "0"
+
+
+def follow_torchrun(argv: list[str]) -> None:
+    """Compose the config from the same command line as rank 0, then join its world and folder."""
+    cfg = compose_from_argv(argv)
+    if cfg is None:
+        return  # --help, --cfg, ...: rank 0 prints it; there is no world to join
+    from dpt.launch import follow_torchrun_world  # torch: only now that a rank must train
+
+    follow_torchrun_world(cfg)
+
+
+# Hydra flags that print something and exit instead of running the job.
+_PRINT_ONLY_FLAGS = ("help", "hydra_help", "cfg", "info", "shell_completion")
+
+
+def compose_from_argv(argv: list[str]) -> DictConfig | None:
+    """What `_hydra_main` would compose from `argv`, without making a run folder; None for flags
+    that only print (rank 0 prints them)."""
+    args = hydra_args(argv)
+    if any(getattr(args, flag) for flag in _PRINT_ONLY_FLAGS):
+        return None
+    if args.multirun:
+        raise DptError("under torchrun, run one job (no -m): torchrun starts one world")
+    app = hydra_app(args)
+    cfg = app.compose_config(
+        args.config_name or CONFIG_NAME,
+        args.overrides,
+        run_mode=RunMode.RUN,
+        with_log_configuration=False,
+    )
+    return app.get_sanitized_cfg(cfg, "job")  # the job's config, as the task gets it (no hydra)
+
+
+# --- errors ---------------------------------------------------------------------------------------
 
 
 def _report(func: Callable[[], Any]) -> None:

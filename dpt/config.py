@@ -1,7 +1,7 @@
 """Typed schemas for every config group, registered in Hydra's ConfigStore.
 
-The YAML files under `conf/` extend these schemas (`defaults: [/schema/<group>/<name>@_here_]`), so
-OmegaConf rejects an unknown key or a value of the wrong type while Hydra composes the config.
+The YAML files under `dpt/conf/` extend these schemas (`defaults: [/schema/<group>/<name>@_here_]`),
+so OmegaConf rejects an unknown key or a value of the wrong type while Hydra composes the config.
 Ranges that a type cannot express (`trainer.batch_size=0`) are checked by `validate`, which runs
 from a Hydra callback before Hydra makes the run folder.
 """
@@ -9,9 +9,10 @@ from a Hydra callback before Hydra makes the run folder.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
 from hydra.errors import InstantiationException
@@ -87,6 +88,7 @@ class CocoConfig:
     val_split: str | None = "val2017"
     label_policy: str = "first"
     image_size: int = 224
+    # `${dpt.cores:4}` in the YAML: 4, or fewer on a machine with fewer cores (see `cores_at_most`)
     num_workers: int = 4
     on_bad_image: str = "skip"
     train_ann_file: str | None = None
@@ -105,20 +107,27 @@ class FakeImagesConfig:
     num_workers: int = 2
 
 
+# `distributed`: one process per device, started by the launcher. A class variable, not a config
+# key: the launcher reads it from the composed config's schema without importing torch.
+
+
 @dataclass
 class SingleConfig:
     _target_: str = "dpt.strategy.Single"
+    distributed: ClassVar[bool] = False
 
 
 @dataclass
 class DPConfig:
     _target_: str = "dpt.strategy.DataParallel"
+    distributed: ClassVar[bool] = False
     device_ids: list[int] | None = None  # null = every visible GPU
 
 
 @dataclass
 class DDPConfig:
     _target_: str = "dpt.strategy.DDP"
+    distributed: ClassVar[bool] = True
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
@@ -237,8 +246,27 @@ SCHEMAS: dict[str, dict[str, type]] = {
 }
 
 
+def is_distributed(strategy: DictConfig) -> bool:
+    """Whether the composed `strategy` runs one process per device (its schema says so)."""
+    return bool(getattr(OmegaConf.get_type(strategy), "distributed", False))
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (what DataLoader compares its workers with)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cores_at_most(wanted: int) -> int:
+    """`${dpt.cores:N}`: N, or the number of cores where there are fewer (loader workers beyond
+    the cores only compete with the ranks, and DataLoader warns about each loader)."""
+    return min(int(wanted), cpu_cores())
+
+
 def register_configs() -> None:
     """Store the schemas under `schema/`, out of sight of the user-facing group listings."""
+    OmegaConf.register_new_resolver("dpt.cores", cores_at_most, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="schema", node=Config)
     for group, options in SCHEMAS.items():
@@ -261,6 +289,15 @@ def build(node: DictConfig, **kwargs: Any) -> Any:
 
 DEVICES = ("auto", "cuda", "mps", "cpu")
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+# `strategy.comm_hook`: gradients cast to 16 bits for the all-reduce and back (half the bytes on
+# the wire), for worlds whose network, not compute, bounds the step. bf16 keeps fp32's exponent
+# range (no overflow); fp16 has 3 more mantissa bits and overflows above 65504.
+COMM_HOOK_NAMES = ("bf16", "fp16")
+# What validation reports (dpt/evaluate.py); `val/acc5` needs 5 classes or more. `val/samples`
+# is reported too, but it counts samples: not a metric to stop on.
+VAL_METRICS = ("val/loss", "val/acc1", "val/acc5")
+# numpy's legacy seeding (np.random.seed in every worker) takes 0 .. 2**32 - 1.
+MAX_SEED = 2**32 - 1
 
 
 def _check(ok: bool, key: str, value: Any, requirement: str) -> None:
@@ -292,7 +329,8 @@ def validate(cfg: DictConfig) -> None:
     _validate_group(cfg.scheduler, "scheduler", SCHEDULER_MINIMUMS)
     _validate_group(cfg.dataset, "dataset", DATASET_MINIMUMS)
     _validate_dataset_choices(cfg.dataset)
-    _validate_group(cfg.optimizer, "optimizer", {"lr": 0.0, "weight_decay": 0.0, "momentum": 0.0})
+    _validate_early_stopping(cfg.trainer.early_stopping, cfg.dataset)
+    _validate_optimizer(cfg.optimizer)
     for dim in cfg.model.get("hidden_dims", []):
         _check(
             dim >= 1, "model.hidden_dims", list(cfg.model.hidden_dims), "every width must be >= 1"
@@ -303,9 +341,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_slurm(cfg)
     _validate_group(cfg.strategy, "strategy", {"bucket_cap_mb": 1e-3})
     if cfg.strategy.get("comm_hook") is not None:
-        from dpt.strategy import COMM_HOOKS  # here: only a run that asks for a hook imports them
-
-        _check_choice("strategy.comm_hook", cfg.strategy.comm_hook, tuple(COMM_HOOKS))
+        _check_choice("strategy.comm_hook", cfg.strategy.comm_hook, COMM_HOOK_NAMES)
 
 
 SCHEDULER_MINIMUMS = {"warmup_steps": 0, "min_lr": 0.0, "step_size": 1, "gamma": 0.0}
@@ -320,7 +356,8 @@ def _validate_trainer(t: DictConfig) -> None:
     _check(t.batch_size >= 1, "trainer.batch_size", t.batch_size, "must be >= 1")
     _check(t.log_every_n_steps >= 1, "trainer.log_every_n_steps", t.log_every_n_steps,
            "must be >= 1")  # fmt: skip
-    _check(t.seed >= 0, "trainer.seed", t.seed, "must be >= 0")
+    _check(0 <= t.seed <= MAX_SEED, "trainer.seed", t.seed,
+           f"must be >= 0 and <= {MAX_SEED} (2**32 - 1, numpy's seed range)")  # fmt: skip
     _check_choice("trainer.device", t.device, DEVICES)
     _check(t.timeout_s > 0, "trainer.timeout_s", t.timeout_s, "must be > 0")
     _check_choice("trainer.precision", t.precision, PRECISIONS)
@@ -332,6 +369,42 @@ def _validate_trainer(t: DictConfig) -> None:
     _check_choice("trainer.early_stopping.mode", es.mode, ("min", "max"))
     _check(es.patience is None or es.patience >= 1, "trainer.early_stopping.patience",
            es.patience, "must be >= 1 or null (off)")  # fmt: skip
+
+
+def _validate_early_stopping(es: DictConfig, dataset: DictConfig) -> None:
+    """The metric must be one validation reports for this dataset, and there must be validation
+    at all when early stopping is on (otherwise the first epoch end would fail)."""
+    _check_choice("trainer.early_stopping.metric", es.metric, VAL_METRICS)
+    if es.patience is None:
+        return  # off: the metric is never read
+    no_val = _no_validation(dataset)
+    _check(no_val is None, "trainer.early_stopping.patience", es.patience,
+           f"early stopping needs validation metrics, and {no_val} gives none")  # fmt: skip
+    classes = dataset.get("num_classes")  # COCO's count is only known from its annotation file
+    _check(es.metric != "val/acc5" or classes is None or classes >= 5,
+           "trainer.early_stopping.metric", es.metric,
+           f"needs dataset.num_classes >= 5 (it is {classes}); use val/acc1")  # fmt: skip
+
+
+def _no_validation(dataset: DictConfig) -> str | None:
+    """The setting that leaves this dataset without a validation split, or None."""
+    if dataset.get("num_val_samples", 1) == 0:
+        return "dataset.num_val_samples=0"
+    if "val_split" in dataset and dataset.val_split is None:
+        return "dataset.val_split=null"
+    return None
+
+
+def _validate_optimizer(opt: DictConfig) -> None:
+    """What torch's optimizers check in their constructors, reported before any rank starts."""
+    _validate_group(opt, "optimizer", {"lr": 0.0, "weight_decay": 0.0, "momentum": 0.0})
+    if "betas" in opt:
+        betas = list(opt.betas)
+        _check(len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas), "optimizer.betas", betas,
+               "must be two numbers [beta1, beta2], each >= 0 and < 1")  # fmt: skip
+    if opt.get("nesterov"):
+        _check(opt.momentum > 0, "optimizer.nesterov", "true",
+               f"needs optimizer.momentum > 0 (it is {opt.momentum:g})")  # fmt: skip
 
 
 def _validate_checkpoint(ck: DictConfig) -> None:

@@ -21,7 +21,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from dpt.checkpoint import checkpoint_dir, list_checkpoints
-from dpt.config import parse_nproc
+from dpt.config import cpu_cores, is_distributed, parse_nproc
 from dpt.errors import DptError
 from dpt.rendezvous import keep_collectives_on_loopback, register_loopback_rendezvous
 from dpt.rollcall import SILENT_RANK
@@ -30,10 +30,6 @@ from dpt.worker import run_worker
 log = logging.getLogger("dpt")
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def is_distributed(cfg: DictConfig) -> bool:
-    return bool(get_class(cfg.strategy._target_).distributed)
 
 
 def resolved(cfg: DictConfig) -> dict[str, Any]:
@@ -52,7 +48,7 @@ class LocalLauncher:
     def run(self, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         if "TORCHELASTIC_RUN_ID" in os.environ:
             raise DptError("this process was started by torchrun: add launcher=torchrun")
-        if not is_distributed(cfg):
+        if not is_distributed(cfg.strategy):
             return run_worker(resolved(cfg), str(run_dir))
         nproc = self.processes(cfg.trainer.device)
         log.info(f"starting {nproc} ddp workers through torch.distributed's elastic launcher")
@@ -73,7 +69,28 @@ class LocalLauncher:
                 f"launcher.nproc_per_node={requested}: only {gpus} GPU(s) visible; use at most "
                 f"{gpus}, or trainer.device=cpu"
             )
+        if not gpus:
+            check_cpu_processes(requested, cpu_cores())
         return requested
+
+
+# CPU ranks beyond the cores only take turns; far beyond, each rank's memory (a full copy of
+# torch, model, data and loader workers) fills the machine long before the first step.
+MAX_PROCESSES_PER_CORE = 4
+
+
+def check_cpu_processes(nproc: int, cores: int) -> None:
+    """Warn when CPU ranks outnumber the cores; refuse far past that."""
+    if nproc > MAX_PROCESSES_PER_CORE * cores:
+        raise DptError(
+            f"launcher.nproc_per_node={nproc}: more than {MAX_PROCESSES_PER_CORE} CPU processes "
+            f"per core ({cores} cores here); use at most {MAX_PROCESSES_PER_CORE * cores}"
+        )
+    if nproc > cores:
+        log.warning(
+            f"launcher.nproc_per_node={nproc}: more processes than the {cores} CPU cores here; "
+            "they share the cores, each step is slower than with fewer processes"
+        )
 
 
 def launch_local_world(
@@ -151,7 +168,7 @@ def _message(failure: Any) -> str:
 
 
 class TorchrunLauncher:
-    """torchrun started this process; only its rank 0 runs Hydra (see `follow_torchrun`)."""
+    """torchrun started this process; only its rank 0 runs Hydra (see `dpt.cli.follow_torchrun`)."""
 
     def run(self, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         require_torchrun_env()
@@ -161,7 +178,7 @@ class TorchrunLauncher:
 class SlurmLauncher:
     """SLURM started this process, one task per rank, through Hydra's submitit launcher (`-m`).
 
-    The resource keys of `launcher=slurm` are read by that launcher (conf/launcher/slurm.yaml);
+    The resource keys of `launcher=slurm` are read by that launcher (dpt/conf/launcher/slurm.yaml);
     here only the world size they ask for matters, to check it against SLURM's.
     """
 
@@ -171,7 +188,7 @@ class SlurmLauncher:
     def run(self, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         from dpt.slurm import torch_env_from_slurm
 
-        if self.world_size > 1 and not is_distributed(cfg):
+        if self.world_size > 1 and not is_distributed(cfg.strategy):
             raise DptError(
                 f"strategy={get_class(cfg.strategy._target_).name} runs one process: "
                 "use strategy=ddp, or launcher.nodes=1 launcher.tasks_per_node=1"
@@ -190,17 +207,8 @@ def require_torchrun_env() -> None:
         )
 
 
-def is_torchrun_follower() -> bool:
-    """A non-zero rank under torchrun: it must not run Hydra (no second run folder)."""
-    return "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "0") != "0"
-
-
-def follow_torchrun(conf_dir: Path, overrides: list[str]) -> None:
-    """Compose the config without Hydra's run machinery and join rank 0's world and run folder."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+def follow_torchrun_world(cfg: DictConfig) -> None:
+    """A torchrun rank >= 1 (composed by `dpt.cli.follow_torchrun`): join rank 0's world."""
     if get_class(cfg.launcher._target_) is not TorchrunLauncher:
         raise DptError("this process was started by torchrun: add launcher=torchrun")
     run_worker(resolved(cfg), run_dir="")  # rank 0 broadcasts its config and folder

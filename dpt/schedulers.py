@@ -6,10 +6,13 @@ be stated in steps (warmup) and fractions of the run (cosine to the end).
 
 from __future__ import annotations
 
+import logging
 import math
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, StepLR
+
+log = logging.getLogger("dpt")
 
 
 def constant(optimizer: Optimizer, total_steps: int) -> Constant:
@@ -50,6 +53,11 @@ def warmup_cosine(
 ) -> LRScheduler:
     """Linear warmup from 0 to the optimizer's lr over `warmup_steps`, then a cosine down to
     `min_lr` at the last step."""
+    if warmup_steps >= total_steps:  # a silent constant-ish schedule is worse than a word
+        log.warning(
+            f"scheduler.warmup_steps={warmup_steps}: the run has only {total_steps} optimizer "
+            "steps, so the learning rate never leaves the warmup (no cosine decay)"
+        )
     base_lr = optimizer.param_groups[0]["lr"]
     floor = min_lr / base_lr if base_lr else 0.0
     return LambdaLR(optimizer, WarmupCosine(warmup_steps, total_steps, floor))

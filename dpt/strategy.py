@@ -11,25 +11,24 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from dpt.config import COMM_HOOK_NAMES
 from dpt.distributed import DistEnv
 from dpt.errors import DptError
 
 log = logging.getLogger("dpt")
 
-# `strategy.comm_hook`: gradients cast to 16 bits for the all-reduce and back (half the bytes on
-# the wire), for worlds whose network, not compute, bounds the step. `dpt.config.validate` checks
-# a configured name against these keys before any process starts.
+# `strategy.comm_hook`: the names live in dpt.config (checked there before any process starts,
+# without torch); each maps to torch's `<name>_compress_hook`.
 COMM_HOOKS: dict[str, Callable[..., Any]] = {
-    "bf16": default_hooks.bf16_compress_hook,  # fp32's exponent range: no overflow
-    "fp16": default_hooks.fp16_compress_hook,  # 3 more mantissa bits, overflows above 65504
+    name: getattr(default_hooks, f"{name}_compress_hook") for name in COMM_HOOK_NAMES
 }
 
 
 class Strategy:
-    """Wraps the model; `distributed` strategies run one process per device."""
+    """Wraps the model. Which strategies run one process per device is a property of their config
+    schema (`dpt.config.is_distributed`), known without importing torch."""
 
     name: ClassVar[str] = "single"
-    distributed: ClassVar[bool] = False
 
     def wrap(self, model: nn.Module, env: DistEnv) -> nn.Module:
         return model
@@ -74,7 +73,6 @@ class DDP(Strategy):
     """One process per device; `batch_size` is per process; gradients are all-reduced in buckets."""
 
     name = "ddp"
-    distributed = True
 
     def __init__(
         self,

@@ -23,6 +23,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from dpt.config import VAL_METRICS
 from dpt.errors import Abort, DptError, one_line
 
 STATUS_FILE = "job_status.json"
@@ -163,10 +164,16 @@ def collect(sweep_dir: Path, final: bool) -> list[dict[str, Any]]:
 
 
 def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Flat rows for the CSV: one column per best validation metric seen in the sweep."""
-    best_keys = sorted(
-        {k for r in records for k in ((r.get("result") or {}).get("best_val") or {})}
-    )
+    """Flat rows for the CSV: one column per best validation metric seen in the sweep.
+
+    Two different clocks, named apart: `loop_*` is the training loop of the job's ranks
+    (metrics.json's `samples_per_s` and `wall_time_s`), `job_wall_s` the whole job, start to end
+    (start-up, data loading, validation and checkpoints included).
+    """
+    best_keys = [
+        k for k in VAL_METRICS if any(k in ((r.get("result") or {}).get("best_val") or {})
+                                      for r in records)
+    ]  # fmt: skip
     out = []
     for r in records:
         result = r.get("result") or {}
@@ -178,9 +185,9 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         row.update({f"best_{k}": (result.get("best_val") or {}).get(k) for k in best_keys})
         row.update(
-            samples_per_s=result.get("samples_per_s"),
-            wall_time_s=_wall_time(r),
-            train_time_s=result.get("wall_time_s"),
+            loop_samples_per_s=result.get("samples_per_s"),
+            loop_time_s=result.get("wall_time_s"),
+            job_wall_s=_wall_time(r),
             world_size=result.get("world_size"),
             steps=result.get("steps"),
             error=r.get("error"),
@@ -229,11 +236,17 @@ def swept(table: list[dict[str, Any]]) -> list[str]:
     return [" ".join(o for o in overrides if o not in shared) for overrides in split]
 
 
+def _best_column(table: list[dict[str, Any]]) -> str | None:
+    """The validation column the table and the plot show: accuracy if there is one, else loss."""
+    columns = [k for k in (table[0] if table else {}) if k.startswith("best_")]
+    return next((k for k in columns if k != "best_val/loss"), columns[0] if columns else None)
+
+
 def format_table(table: list[dict[str, Any]]) -> str:
     """A plain-text table: one line per job, and its error on the next line if it failed."""
-    best = next((k for k in table[0] if k.startswith("best_")), None) if table else None
+    best = _best_column(table)
     head = ["job", "status", "final loss", f"best {best[5:]}" if best else "best val"]
-    head += ["samples/s", "wall s", "overrides"]
+    head += ["loop samples/s", "job wall s", "overrides"]
     lines = []
     for row, overrides in zip(table, swept(table), strict=True):
         cells = [
@@ -241,8 +254,8 @@ def format_table(table: list[dict[str, Any]]) -> str:
             row["status"],
             _fmt(row["final_loss"], ".4f"),
             _fmt(row.get(best) if best else None, ".4f"),
-            _fmt(row["samples_per_s"], ",.0f"),
-            _fmt(row["wall_time_s"], ".1f"),
+            _fmt(row["loop_samples_per_s"], ",.0f"),
+            _fmt(row["job_wall_s"], ".1f"),
             overrides,
         ]
         lines.append((cells, row["error"]))
@@ -256,7 +269,9 @@ def format_table(table: list[dict[str, Any]]) -> str:
 
 
 def plot(path: Path, table: list[dict[str, Any]]) -> Path | None:
-    """Throughput and final loss per job as bars; a failed job gets its status instead of a bar."""
+    """One panel per measure, one bar per job, its value written on it; a job without a value
+    gets its status in red instead. Loss and accuracy axes span the values, not 0..max: the
+    differences between jobs are what a sweep is read for."""
     if not table:
         return None
     import matplotlib
@@ -264,22 +279,50 @@ def plot(path: Path, table: list[dict[str, Any]]) -> Path | None:
     matplotlib.use("Agg")  # no display needed: a cluster node or CI writes the file
     import matplotlib.pyplot as plt
 
-    labels = [f"#{r['job']} {o}"[:60] for r, o in zip(table, swept(table), strict=True)]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 1.0 + 0.45 * len(table)), sharey=True)
-    for ax, key, title in zip(
-        axes, ("samples_per_s", "final_loss"), ("samples/s", "final loss"), strict=True
-    ):
-        values = [r[key] if r[key] is not None else 0.0 for r in table]
-        ax.barh(range(len(table)), values, color="tab:blue")
-        for i, r in enumerate(table):
-            if r["status"] != "COMPLETED":
-                ax.text(0, i, f" {r['status']}", va="center", color="tab:red")
-        ax.set_title(title)
+    panels = [("loop_samples_per_s", "loop samples/s (higher is better)", ",.0f", True)]
+    panels.append(("final_loss", "final train loss (lower is better)", ".4f", False))
+    best = _best_column(table)
+    if best:
+        better = "lower" if best.endswith("loss") else "higher"
+        panels.append((best, f"best {best[5:]} ({better} is better)", ".4f", False))
+    labels = [f"#{r['job']} {o}"[:50] for r, o in zip(table, swept(table), strict=True)]
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(4.5 * len(panels) + 2.5, 1.2 + 0.5 * len(table)), sharey=True
+    )
+    for ax, (key, title, spec, from_zero) in zip(axes, panels, strict=True):
+        _bar_panel(ax, [r.get(key) for r in table], [r["status"] for r in table], spec, from_zero)
+        ax.set_title(title, fontsize=10)
     axes[0].set_yticks(range(len(table)), labels)
-    axes[0].invert_yaxis()
+    axes[0].set_ylim(len(table) - 0.5, -0.5)  # job 0 on top, half a row of room at each end
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.{os.getpid()}{path.suffix}")
-    fig.savefig(tmp, dpi=80)
+    fig.savefig(tmp, dpi=90)
     plt.close(fig)
     os.replace(tmp, path)
     return path
+
+
+def _bar_panel(
+    ax: Any, values: list[float | None], statuses: list[str], spec: str, from_zero: bool
+) -> None:
+    known = [v for v in values if v is not None and math.isfinite(v)]
+    low, high = _axis_range(known, from_zero)
+    for i, (value, status) in enumerate(zip(values, statuses, strict=True)):
+        if value is None or not math.isfinite(value):
+            ax.text(low, i, f" {status}", va="center", color="tab:red")
+            continue
+        ax.barh(i, value - low, left=low, color="tab:blue", height=0.6)
+        ax.text(value, i, f" {format(value, spec)}", va="center", fontsize=9)
+    ax.set_xlim(low, high + (high - low) * 0.3)  # room for the value written after each bar
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _axis_range(values: list[float], from_zero: bool) -> tuple[float, float]:
+    """0..max for throughput; around the values otherwise (a bar still shows for the lowest)."""
+    if not values:
+        return 0.0, 1.0
+    low, high = min(values), max(values)
+    if from_zero:
+        return 0.0, high or 1.0
+    pad = (high - low) * 0.5 or abs(high) * 0.05 or 1.0
+    return low - pad, high

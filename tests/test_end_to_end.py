@@ -189,7 +189,6 @@ def test_torchrun_makes_exactly_one_run_folder(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_default_run_folder_under_outputs(tmp_path: Path) -> None:
     """No override of hydra.run.dir: the folder lands in ./outputs/<date>/<time> of the cwd."""
-    shutil.copytree(REPO / "conf", tmp_path / "conf")
     shutil.copy(TRAIN, tmp_path / "train.py")
     run_cmd(
         [sys.executable, str(tmp_path / "train.py"), *FAST, "trainer.max_steps=5"],

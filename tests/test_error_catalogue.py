@@ -38,6 +38,10 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     empty = root / "empty_coco"
     (empty / "annotations").mkdir(parents=True)
     (empty / "train2017").mkdir()
+    empty_json = root / "empty_json_coco"  # `{}`: valid JSON, not a COCO file
+    (empty_json / "annotations").mkdir(parents=True)
+    (empty_json / "train2017").mkdir()
+    (empty_json / "annotations" / "instances_train2017.json").write_text("{}")
     truncated = root / "truncated_coco"
     make_fixture(truncated)
     ann = truncated / "annotations" / "instances_train2017.json"
@@ -49,6 +53,7 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         "coco": coco,
         "empty_coco": empty,
+        "empty_json_coco": empty_json,
         "truncated_coco": truncated,
         "mlp_checkpoint": run / "checkpoints" / "step-00000002.pt",
         "corrupt_checkpoint": corrupt,

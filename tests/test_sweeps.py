@@ -57,8 +57,8 @@ def test_two_by_two_sweep_mixing_ddp_and_single(tmp_path: Path) -> None:
     ]
     assert {"strategy=ddp", "trainer.batch_size=64"} <= set(rows[1]["overrides"].split())
     for row in rows:
-        assert float(row["final_loss"]) > 0 and float(row["samples_per_s"]) > 0
-        assert float(row["best_val/acc1"]) > 0 and float(row["wall_time_s"]) > 0
+        assert float(row["final_loss"]) > 0 and float(row["loop_samples_per_s"]) > 0
+        assert float(row["best_val/acc1"]) > 0 and float(row["job_wall_s"]) > 0
     # The table names each job by what differs: the two swept keys.
     assert "strategy=single trainer.batch_size=64" in result.stdout
     assert (sweep / "summary.png").stat().st_size > 1000

@@ -204,16 +204,25 @@ def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
 
 
+# The top-level keys of every COCO instances file (pycocotools indexes whichever are present).
+COCO_KEYS = ("images", "annotations", "categories")
+
+
 def _load_coco(ann_file: Path) -> COCO:
     # pycocotools prints progress ("loading annotations into memory...") to stdout.
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            return COCO(str(ann_file))
+            coco = COCO(str(ann_file))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"COCO annotation file is not valid JSON: {ann_file} ({e})") from e
     except (AssertionError, KeyError, TypeError) as e:
         # pycocotools asserts that the top level is an object and indexes by "id"/"image_id".
         raise ValueError(f"not a COCO annotation file: {ann_file} ({type(e).__name__}: {e})") from e
+    # `{}` (or any other object) loads without complaint, as an empty set with no categories.
+    missing = [key for key in COCO_KEYS if key not in coco.dataset]
+    if missing:
+        raise ValueError(f"not a COCO annotation file: {ann_file} (no {', '.join(missing)})")
+    return coco
 
 
 def _pick_annotation(anns: Sequence[Annotation], policy: str) -> Annotation | None:

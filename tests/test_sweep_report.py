@@ -1,0 +1,36 @@
+"""The sweep's summary: columns that mean something, each clock named for what it times."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dpt.sweep import format_table, report, rows, write_status
+from tests.helpers import summary
+
+
+def _job(number: int, loss: float, acc1: float) -> dict[str, object]:
+    best_val = {"val/loss": loss, "val/acc1": acc1, "val/acc5": 0.9, "val/samples": 1024}
+    result = {"final_loss": loss, "samples_per_s": 5000.0, "wall_time_s": 4.0, "best_val": best_val,
+              "world_size": 1, "steps": 20}  # fmt: skip
+    return {"job": number, "overrides": [f"trainer.seed={number}"], "status": "COMPLETED",
+            "error": None, "started_at": 100.0, "ended_at": 109.5, "result": result}  # fmt: skip
+
+
+def test_summary_columns_name_their_clock_and_leave_out_the_sample_count(tmp_path: Path) -> None:
+    for number in range(2):
+        write_status(tmp_path / str(number), _job(number, 2.0 + number, 0.3))
+    report(tmp_path, final=True)
+    (first, _) = summary(tmp_path)
+    assert list(first) == [
+        "job", "status", "overrides", "final_loss", "best_val/loss", "best_val/acc1",
+        "best_val/acc5", "loop_samples_per_s", "loop_time_s", "job_wall_s", "world_size",
+        "steps", "error", "job_dir",
+    ]  # fmt: skip
+    assert float(first["loop_time_s"]) == 4.0 and float(first["job_wall_s"]) == 9.5
+    assert (tmp_path / "summary.png").stat().st_size > 1000
+
+
+def test_the_table_says_which_clock() -> None:
+    table = rows([{**_job(0, 2.0, 0.3), "job_dir": "0"}])
+    head = format_table(table).splitlines()[0]
+    assert "loop samples/s" in head and "job wall s" in head and "best val/acc1" in head
