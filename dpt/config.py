@@ -2,6 +2,9 @@
 
 The YAML files under `dpt/conf/` extend these schemas (`defaults: [/schema/<group>/<name>@_here_]`),
 so OmegaConf rejects an unknown key or a value of the wrong type while Hydra composes the config.
+Each default lives in one place: a group option's values in its YAML file (the schemas of groups
+give types only, `???` until the YAML fills them), `trainer` and `checkpoint`, which have no YAML,
+here. Builders take what the config gives them, without defaults of their own.
 Ranges that a type cannot express (`trainer.batch_size=0`) are checked by `validate`, which runs
 from a Hydra callback before Hydra makes the run folder.
 """
@@ -59,52 +62,52 @@ class CheckpointConfig:
 @dataclass
 class MLPConfig:
     _target_: str = "dpt.models.mlp.MLP"
-    hidden_dims: list[int] = field(default_factory=lambda: [256, 256])
+    hidden_dims: list[int] = MISSING
 
 
 @dataclass
 class ResNetConfig:
     _target_: str = "dpt.models.resnet.resnet"
-    arch: str = "resnet18"
-    weights: str | None = None  # a local state_dict file; nothing is ever downloaded
-    channels_last: bool = False
+    arch: str = MISSING
+    weights: str | None = MISSING  # a local state_dict file; nothing is ever downloaded
+    channels_last: bool = MISSING
 
 
 @dataclass
 class SyntheticConfig:
     _target_: str = "dpt.data.synthetic.SyntheticData"
-    num_samples: int = 8192
-    num_val_samples: int = 1024
-    input_dim: int = 32
-    num_classes: int = 10
-    num_workers: int = 0
+    num_samples: int = MISSING
+    num_val_samples: int = MISSING
+    input_dim: int = MISSING
+    num_classes: int = MISSING
+    num_workers: int = MISSING
 
 
 @dataclass
 class CocoConfig:
     _target_: str = "dpt.data.coco.CocoData"
     root: str = MISSING
-    train_split: str = "train2017"
-    val_split: str | None = "val2017"
-    label_policy: str = "first"
-    image_size: int = 224
+    train_split: str = MISSING
+    val_split: str | None = MISSING
+    label_policy: str = MISSING
+    image_size: int = MISSING
     # `${dpt.cores:4}` in the YAML: 4, or fewer on a machine with fewer cores (see `cores_at_most`)
-    num_workers: int = 4
-    on_bad_image: str = "skip"
-    train_ann_file: str | None = None
-    train_image_dir: str | None = None
-    val_ann_file: str | None = None
-    val_image_dir: str | None = None
+    num_workers: int = MISSING
+    on_bad_image: str = MISSING
+    train_ann_file: str | None = MISSING
+    train_image_dir: str | None = MISSING
+    val_ann_file: str | None = MISSING
+    val_image_dir: str | None = MISSING
 
 
 @dataclass
 class FakeImagesConfig:
     _target_: str = "dpt.data.fake_images.FakeImages"
-    num_samples: int = 2048
-    num_val_samples: int = 256
-    image_size: int = 224
-    num_classes: int = 10
-    num_workers: int = 2
+    num_samples: int = MISSING
+    num_val_samples: int = MISSING
+    image_size: int = MISSING
+    num_classes: int = MISSING
+    num_workers: int = MISSING
 
 
 # `distributed`: one process per device, started by the launcher. A class variable, not a config
@@ -121,26 +124,26 @@ class SingleConfig:
 class DPConfig:
     _target_: str = "dpt.strategy.DataParallel"
     distributed: ClassVar[bool] = False
-    device_ids: list[int] | None = None  # null = every visible GPU
+    device_ids: list[int] | None = MISSING  # null = every visible GPU
 
 
 @dataclass
 class DDPConfig:
     _target_: str = "dpt.strategy.DDP"
     distributed: ClassVar[bool] = True
-    bucket_cap_mb: float = 25.0
-    gradient_as_bucket_view: bool = True
-    static_graph: bool = False
-    find_unused_parameters: bool = False
-    comm_hook: str | None = None  # bf16 | fp16: compress gradients for the all-reduce
+    bucket_cap_mb: float = MISSING
+    gradient_as_bucket_view: bool = MISSING
+    static_graph: bool = MISSING
+    find_unused_parameters: bool = MISSING
+    comm_hook: str | None = MISSING  # bf16 | fp16: compress gradients for the all-reduce
 
 
 @dataclass
 class LocalLauncherConfig:
     _target_: str = "dpt.launch.LocalLauncher"
     # A string so that both `auto` and a number fit; `validate` checks it.
-    nproc_per_node: str = "auto"
-    max_restarts: int = 0
+    nproc_per_node: str = MISSING
+    max_restarts: int = MISSING
 
 
 @dataclass
@@ -154,44 +157,44 @@ class SlurmLauncherConfig:
     to Hydra's submitit launcher). They size the allocation of the whole sweep: not sweepable."""
 
     _target_: str = "dpt.launch.SlurmLauncher"
-    nodes: int = 1
-    tasks_per_node: int = 1  # = ranks per node
-    gpus_per_node: int | None = None
-    cpus_per_task: int | None = None
-    mem_gb: int | None = None  # per node
-    time: int = 60  # minutes
-    partition: str | None = None
-    sbatch: dict[str, Any] = field(default_factory=dict)  # extra `#SBATCH --key=value` lines
-    setup: list[str] = field(default_factory=list)  # shell lines run before the tasks start
-    max_num_timeout: int = 0  # times a job that reaches its time limit is requeued
+    nodes: int = MISSING
+    tasks_per_node: int = MISSING  # = ranks per node
+    gpus_per_node: int | None = MISSING
+    cpus_per_task: int | None = MISSING
+    mem_gb: int | None = MISSING  # per node
+    time: int = MISSING  # minutes
+    partition: str | None = MISSING
+    sbatch: dict[str, Any] = MISSING  # extra `#SBATCH --key=value` lines
+    setup: list[str] = MISSING  # shell lines run before the tasks start
+    max_num_timeout: int = MISSING  # times a job that reaches its time limit is requeued
 
 
 @dataclass
 class AdamConfig:
     _target_: str = "torch.optim.Adam"
     _partial_: bool = True
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr: float = MISSING
+    weight_decay: float = MISSING
+    betas: list[float] = MISSING
 
 
 @dataclass
 class AdamWConfig:
     _target_: str = "torch.optim.AdamW"
     _partial_: bool = True
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr: float = MISSING
+    weight_decay: float = MISSING
+    betas: list[float] = MISSING
 
 
 @dataclass
 class SGDConfig:
     _target_: str = "torch.optim.SGD"
     _partial_: bool = True
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    nesterov: bool = False
+    lr: float = MISSING
+    momentum: float = MISSING
+    weight_decay: float = MISSING
+    nesterov: bool = MISSING
 
 
 @dataclass
@@ -204,16 +207,16 @@ class ConstantScheduleConfig:
 class WarmupCosineConfig:
     _target_: str = "dpt.schedulers.warmup_cosine"
     _partial_: bool = True
-    warmup_steps: int = 100
-    min_lr: float = 0.0
+    warmup_steps: int = MISSING
+    min_lr: float = MISSING
 
 
 @dataclass
 class StepScheduleConfig:
     _target_: str = "dpt.schedulers.step"
     _partial_: bool = True
-    step_size: int = 1000
-    gamma: float = 0.1
+    step_size: int = MISSING
+    gamma: float = MISSING
 
 
 @dataclass

@@ -41,7 +41,7 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
 class LocalLauncher:
     """Workers on this machine: ddp through `elastic_launch`, everything else in this process."""
 
-    def __init__(self, nproc_per_node: str = "auto", max_restarts: int = 0) -> None:
+    def __init__(self, nproc_per_node: str, max_restarts: int) -> None:
         self.nproc_per_node = nproc_per_node
         self.max_restarts = max_restarts
 
@@ -182,7 +182,7 @@ class SlurmLauncher:
     here only the world size they ask for matters, to check it against SLURM's.
     """
 
-    def __init__(self, nodes: int = 1, tasks_per_node: int = 1, **resources: Any) -> None:
+    def __init__(self, nodes: int, tasks_per_node: int, **resources: Any) -> None:
         self.world_size = nodes * tasks_per_node
 
     def run(self, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:

@@ -41,15 +41,13 @@ class Constant:
         self.last_epoch = int(state["last_epoch"])
 
 
-def step(
-    optimizer: Optimizer, total_steps: int, step_size: int = 1000, gamma: float = 0.1
-) -> LRScheduler:
+def step(optimizer: Optimizer, total_steps: int, step_size: int, gamma: float) -> LRScheduler:
     """Multiply the learning rate by `gamma` every `step_size` optimizer steps."""
     return StepLR(optimizer, step_size=step_size, gamma=gamma)
 
 
 def warmup_cosine(
-    optimizer: Optimizer, total_steps: int, warmup_steps: int = 100, min_lr: float = 0.0
+    optimizer: Optimizer, total_steps: int, warmup_steps: int, min_lr: float
 ) -> LRScheduler:
     """Linear warmup from 0 to the optimizer's lr over `warmup_steps`, then a cosine down to
     `min_lr` at the last step."""

@@ -47,7 +47,7 @@ class DataParallel(Strategy):
 
     name = "dp"
 
-    def __init__(self, device_ids: list[int] | None = None) -> None:
+    def __init__(self, device_ids: list[int] | None) -> None:
         self.device_ids = None if device_ids is None else list(device_ids)
 
     def wrap(self, model: nn.Module, env: DistEnv) -> nn.Module:
@@ -76,11 +76,11 @@ class DDP(Strategy):
 
     def __init__(
         self,
-        bucket_cap_mb: float = 25.0,
-        gradient_as_bucket_view: bool = True,
-        static_graph: bool = False,
-        find_unused_parameters: bool = False,
-        comm_hook: str | None = None,
+        bucket_cap_mb: float,
+        gradient_as_bucket_view: bool,
+        static_graph: bool,
+        find_unused_parameters: bool,
+        comm_hook: str | None,
     ) -> None:
         if comm_hook is not None and comm_hook not in COMM_HOOKS:
             raise ValueError(f"comm_hook must be one of {', '.join(COMM_HOOKS)} or None")

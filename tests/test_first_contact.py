@@ -59,7 +59,7 @@ def test_a_warmup_as_long_as_the_run_says_so(dpt_log: pytest.LogCaptureFixture) 
     caplog = dpt_log
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     with caplog.at_level(logging.WARNING, logger="dpt"):
-        warmup_cosine(optimizer, total_steps=200, warmup_steps=100)
+        warmup_cosine(optimizer, total_steps=200, warmup_steps=100, min_lr=0.0)
         assert not caplog.records
-        warmup_cosine(optimizer, total_steps=96, warmup_steps=100)
+        warmup_cosine(optimizer, total_steps=96, warmup_steps=100, min_lr=0.0)
     assert "never leaves the warmup" in caplog.records[0].getMessage()

@@ -182,11 +182,11 @@ def test_local_weights_load_except_a_head_of_another_size(tmp_path: Path) -> Non
     imagenet = torchvision.models.resnet18(weights=None)  # 1000 classes
     path = tmp_path / "resnet18.pt"
     torch.save(imagenet.state_dict(), path)
-    model = resnet((3, 32, 32), num_classes=7, weights=str(path))
+    model = resnet((3, 32, 32), 7, "resnet18", weights=str(path), channels_last=False)
     assert torch.equal(model.conv1.weight, imagenet.conv1.weight)
     assert model.fc.weight.shape == (7, 512)
     with pytest.raises(DptError, match=r"model\.weights=.*nope\.pt: file not found"):
-        resnet((3, 32, 32), num_classes=7, weights=str(tmp_path / "nope.pt"))
+        resnet((3, 32, 32), 7, "resnet18", weights=str(tmp_path / "nope.pt"), channels_last=False)
     torch.save({"conv1.weight": torch.zeros(1)}, tmp_path / "other.pt")
     with pytest.raises(DptError, match="does not fit model=resnet18"):
-        resnet((3, 32, 32), num_classes=7, weights=str(tmp_path / "other.pt"))
+        resnet((3, 32, 32), 7, "resnet18", weights=str(tmp_path / "other.pt"), channels_last=False)

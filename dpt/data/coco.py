@@ -155,17 +155,17 @@ class CocoData:
     def __init__(
         self,
         root: str,
-        train_split: str = "train2017",
-        val_split: str | None = "val2017",
-        label_policy: str = "first",
-        image_size: int = 224,
-        num_workers: int = 4,
-        on_bad_image: str = "skip",
-        train_ann_file: str | None = None,
-        train_image_dir: str | None = None,
-        val_ann_file: str | None = None,
-        val_image_dir: str | None = None,
-        seed: int = 0,
+        train_split: str,
+        val_split: str | None,
+        label_policy: str,
+        image_size: int,
+        num_workers: int,
+        on_bad_image: str,
+        train_ann_file: str | None,
+        train_image_dir: str | None,
+        val_ann_file: str | None,
+        val_image_dir: str | None,
+        seed: int,
     ) -> None:
         common = {"root": root, "label_policy": label_policy, "on_bad_image": on_bad_image}
         try:

@@ -14,12 +14,12 @@ class FakeImages:
 
     def __init__(
         self,
-        num_samples: int = 2048,
-        num_val_samples: int = 256,
-        image_size: int = 224,
-        num_classes: int = 10,
-        num_workers: int = 2,
-        seed: int = 0,
+        num_samples: int,
+        num_val_samples: int,
+        image_size: int,
+        num_classes: int,
+        num_workers: int,
+        seed: int,
     ) -> None:
         shape = (3, image_size, image_size)
         transform = v2.Compose(

@@ -21,8 +21,8 @@ class SyntheticData:
         num_val_samples: int,
         input_dim: int,
         num_classes: int,
-        num_workers: int = 0,
-        seed: int = 0,
+        num_workers: int,
+        seed: int,
     ) -> None:
         g = torch.Generator().manual_seed(seed)
         teacher = torch.randn(input_dim, num_classes, generator=g)

@@ -16,9 +16,9 @@ ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101")
 def resnet(
     input_shape: tuple[int, ...],
     num_classes: int,
-    arch: str = "resnet18",
-    weights: str | None = None,
-    channels_last: bool = False,
+    arch: str,
+    weights: str | None,
+    channels_last: bool,
 ) -> nn.Module:
     if len(input_shape) != 3:
         raise DptError(
