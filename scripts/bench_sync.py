@@ -12,8 +12,11 @@ all-reduce over n ranks. Three ways to time the gradients' all-reduce, alternate
 Also timed, as step-time ratios against dpt's default DDP: one bucket (no overlap with backward),
 `static_graph=True`, `comm_hook=bf16`, and DDP with PyTorch's own defaults (the plain loop's).
 
-The per-step costs are dpt's own calls timed in place: the agreement on non-finite loss and stop
-signals (`agree_max`, once per step) and `MetricsLogger.step` at log_every_n_steps 1 and 10.
+The per-step costs are dpt's own calls around the training, timed in place as the loop makes them:
+every step `Agreement.note` and `MetricsLogger.record` (no device op, no wait); once per logging
+window `Agreement.agree` with `MetricsLogger.payload()` (one read-back from the device and the one
+`all_gather`) and `MetricsLogger.agreed` (TensorBoard writes, a log line); and whole windows of 1,
+10 and 50 steps, per step.
 """
 
 from __future__ import annotations
@@ -41,8 +44,10 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from dpt.distributed import DistEnv, agree_max, env_from_environment, init_process_group
+from dpt.agreement import Agreement
+from dpt.distributed import DistEnv, env_from_environment, init_process_group
 from dpt.distributed import destroy_process_group as dpt_destroy
+from dpt.interrupt import StopRequest
 from dpt.launch import restored_environ
 from dpt.logs import setup_logging
 from dpt.metrics import MetricsLogger
@@ -50,7 +55,6 @@ from dpt.models.mlp import MLP
 from dpt.models.resnet import resnet
 from dpt.rendezvous import loopback_store
 from dpt.strategy import DDP
-from dpt.trainer import FirstNonFinite
 
 
 @dataclass(frozen=True)
@@ -229,44 +233,70 @@ def _ms(seconds: list[float]) -> Stat:
 
 # --- per-step costs of dpt's loop -----------------------------------------------------------
 
+WINDOWS = (1, 10, 50)  # log_every_n_steps of the whole-window timings
+PIECE_WINDOW = 10  # steps per window where the per-window calls are timed one by one
+
+
+class LoopCalls:
+    """The calls `Trainer.train_step` makes besides the training, on one rank's agreement and
+    metrics, with the arguments the loop passes (a loss left as the device made it, no gradient
+    norm: trainer.grad_clip_norm=null)."""
+
+    def __init__(self, env: DistEnv, run_dir: Path, every: int) -> None:
+        self.metrics = MetricsLogger(run_dir, env, every, total_steps=10**9)
+        self.agreement = Agreement(env, last_step=10**9, on_nonfinite="error")
+        self.stop, self.loss, self.step = StopRequest(), torch.tensor(0.5), 0
+
+    def each_step(self) -> None:
+        self.step += 1
+        self.metrics.record(self.loss, 64, 0, 1e-4, 1e-3, None)
+        self.agreement.note(self.loss, self.step)
+
+    def agree(self) -> list[list[float]]:
+        return self.agreement.agree(self.stop, self.metrics.payload()).rows
+
+    def agreed(self, rows: list[list[float]]) -> None:
+        self.metrics.agreed(rows, self.step, 0, 1e-3, log=True)
+
+    def window(self, steps: int) -> None:
+        for _ in range(steps):
+            self.each_step()
+        self.agreed(self.agree())
+
 
 def per_step_costs(env: DistEnv, tmp: Path, calls: int) -> dict[str, Any]:
-    """Microseconds per step of the calls Trainer.fit makes every step besides the training."""
-    loss = torch.tensor(0.5)
-    nonfinite = FirstNonFinite(torch.device("cpu"))
-    costs = {
-        "agree_max_us": Stat.of(
-            [t * 1e6 for t in time_calls(lambda: agree_max([0.0, 0.0], env), calls)]
-        ),
-        "nonfinite_note_us": Stat.of(
-            [t * 1e6 for t in time_calls(lambda: nonfinite.note(loss, 1), calls)]
-        ),
-    }
-    for every in (1, 10):
-        costs[f"metrics_step_us_every_{every}"] = _metrics_step_us(
-            env, tmp / f"m{every}", every, calls
-        )
-    return costs
-
-
-def _metrics_step_us(env: DistEnv, run_dir: Path, every: int, calls: int) -> Stat:
-    """`MetricsLogger.step` as the loop calls it, its console lines going to a rank log file
-    (and stdout, here swallowed). Timed in blocks of `every` steps: the per-step mean of a block
-    holds one read-back, TensorBoard write and world aggregation."""
-    setup_logging(f"rank {env.rank}", run_dir / "logs" / f"rank{env.rank}.log")
-    loss = torch.tensor(0.5)
-    step = 0
-    with contextlib.redirect_stdout(io.StringIO()):  # before the logger: no progress bar
-        metrics = MetricsLogger(run_dir, env, every, total_steps=10**9)
-
-        def block() -> None:
-            nonlocal step
-            for _ in range(every):
-                step += 1
-                metrics.step(step, 0, loss, 64, 1e-4, 1e-3)
-
+    """Microseconds of dpt's own calls around the training, console lines going to a rank log
+    file (and stdout, here swallowed). Both ranks run the same calls, so a collective waits
+    only for what the other rank's identical work takes."""
+    setup_logging(f"rank {env.rank}", tmp / "logs" / f"rank{env.rank}.log")
+    us = lambda seconds: Stat.of([t * 1e6 for t in seconds])  # noqa: E731
+    costs: dict[str, Any] = {}
+    with contextlib.redirect_stdout(io.StringIO()):  # before the loggers: no progress bar
+        loop = LoopCalls(env, tmp / "pieces", PIECE_WINDOW)
+        agree, agreed = [], []
         try:
-            blocks = time_calls(block, max(3, calls // every))
+            loop.window(PIECE_WINDOW)  # the first window makes the TensorBoard writers
+            costs["each_step_us"] = us(time_calls(loop.each_step, calls))
+            loop.agreed(loop.agree())
+            for _ in range(max(5, calls // PIECE_WINDOW)):
+                for _ in range(PIECE_WINDOW):
+                    loop.each_step()
+                start = time.perf_counter()
+                rows = loop.agree()
+                middle = time.perf_counter()
+                loop.agreed(rows)
+                agree.append(middle - start)
+                agreed.append(time.perf_counter() - middle)
         finally:
-            metrics.close()
-    return Stat.of([t / every * 1e6 for t in blocks])
+            loop.metrics.close()
+        costs["agree_us"], costs["agreed_us"] = us(agree), us(agreed)
+        for every in WINDOWS:
+            loop = LoopCalls(env, tmp / f"every{every}", every)
+            try:
+                loop.window(every)
+                window = functools.partial(loop.window, every)
+                windows = time_calls(window, max(5, calls // every))
+            finally:
+                loop.metrics.close()
+            costs[f"per_step_us_every_{every}"] = us([t / every for t in windows])
+    return costs
