@@ -390,6 +390,9 @@ PER_STEP_CALLS = {
         f"per_step_us_every_{n}": f"all of the above, per step, at log_every_n_steps={n}"
         for n in (1, 10, 50)
     },
+    "fetch_dpt_us": "dpt's batch fetch, MLP batch of 64 (`InMemoryDataset.__getitems__`)",
+    "fetch_plain_us": "the plain loop's batch fetch (`DataLoader(TensorDataset)`: a "
+    "`__getitem__` per sample, `default_collate`)",
 }
 
 
@@ -399,6 +402,8 @@ def _per_step_table(results: dict[str, Any]) -> str:
     rows = []
     for world, costs in sorted(results["per_step"].items(), key=lambda kv: int(kv[0])):
         for key, label in PER_STEP_CALLS.items():
+            if key not in costs:  # the batch fetch is timed in one process only
+                continue
             stat = costs[key]
             shares = [
                 f"{100 * stat.median / 1e3 / ms[int(world)]:.2f}" if int(world) in ms else "-"

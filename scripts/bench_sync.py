@@ -29,7 +29,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -43,8 +43,11 @@ from bench_common import Stat, paired_ratios, time_calls
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from dpt.agreement import Agreement
+from dpt.data.loaders import build_loaders
+from dpt.data.synthetic import SyntheticData
 from dpt.distributed import DistEnv, env_from_environment, init_process_group
 from dpt.distributed import destroy_process_group as dpt_destroy
 from dpt.interrupt import StopRequest
@@ -88,6 +91,8 @@ def _rank(rank: int, models: list[dict], threads: int, calls: int, tmp: Path) ->
     init_process_group(env, timeout_s=600)
     try:
         report: dict[str, Any] = {"per_step": per_step_costs(env, tmp, calls)}
+        if env.world_size == 1:
+            report["per_step"] |= fetch_costs(calls)
         if env.world_size > 1:
             report["models"] = [sync_of(SyncModel(**m), env) for m in models]
         if rank == 0:
@@ -300,3 +305,28 @@ def per_step_costs(env: DistEnv, tmp: Path, calls: int) -> dict[str, Any]:
                 loop.metrics.close()
             costs[f"per_step_us_every_{every}"] = us([t / every for t in windows])
     return costs
+
+
+def fetch_costs(calls: int) -> dict[str, Stat]:
+    """Microseconds to fetch one MLP batch of 64, alternating block by block: dpt's train
+    loader (`InMemoryDataset`: one indexing op per batch) against the plain loop's
+    `DataLoader(TensorDataset)` (a `__getitem__` per sample, then `default_collate`)."""
+    data = SyntheticData(num_samples=8192, num_val_samples=0, input_dim=32, num_classes=10)
+    one = DistEnv(0, 0, 1, 1, torch.device("cpu"))
+    plain = TensorDataset(*data.train.tensors)
+    sampler = DistributedSampler(plain, num_replicas=1, rank=0, shuffle=True, seed=0)
+    loaders = {
+        "fetch_dpt_us": build_loaders(data, one, 64, seed=0).train,
+        "fetch_plain_us": DataLoader(plain, batch_size=64, sampler=sampler, drop_last=True),
+    }
+    batches = {name: _forever(loader) for name, loader in loaders.items()}
+    times: dict[str, list[float]] = {name: [] for name in loaders}
+    for _ in range(max(5, calls // 32)):
+        for name, it in batches.items():
+            times[name] += time_calls(functools.partial(next, it), 32)
+    return {name: Stat.of([t * 1e6 for t in values]) for name, values in times.items()}
+
+
+def _forever(loader: DataLoader) -> Iterator[Any]:
+    while True:
+        yield from loader
