@@ -73,19 +73,19 @@ LOG_EVERY = (10, 50)  # the logging cadences of the throughput targets, both loo
 
 def workloads(quick: bool, device: str) -> list[Workload]:
     """The throughput workloads, each at every cadence of LOG_EVERY. The MLP times 10 windows
-    of 50 steps (~1 ms each); on 2 CPU cores ResNet-18 (32 px images, ~150 ms a step) times 2
-    windows of 10 steps and 1 window of 50 steps, after a first window of warmup. The data sets
-    hold 200 (MLP) and 100 (ResNet-18) batches, so that epochs end on logging steps in one
-    process and in two: dpt also logs at an epoch's end, and a window cut there would hold two
-    of its logs and other steps than the plain loop's."""
+    of 50 steps (~1 ms each); on 2 CPU cores ResNet-18 (32 px images, batch 8, ~50 ms a step
+    on an idle machine) times 2 windows of 10 steps and 1 window of 50 steps, after a first
+    window of warmup. The data sets hold 200 (MLP) and 100 (ResNet-18) batches, so that epochs
+    end on logging steps in one process and in two: dpt also logs at an epoch's end, and a
+    window cut there would hold two of its logs and other steps than the plain loop's."""
     mlp = Workload(
         "mlp", batch_size=64, warmup_steps=50, steps=550, device=device, num_samples=64 * 200
     )
     if quick:
         return [replace(mlp, warmup_steps=50, steps=150, log_every=every) for every in LOG_EVERY]
     resnet = Workload(
-        "resnet18", 32, warmup_steps=10, steps=30, image_size=32, device=device,
-        num_samples=32 * 100,
+        "resnet18", 8, warmup_steps=10, steps=30, image_size=32, device=device,
+        num_samples=8 * 100,
     )  # fmt: skip
     return [
         *(replace(mlp, log_every=every) for every in LOG_EVERY),

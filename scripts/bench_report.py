@@ -481,8 +481,9 @@ def _findings(results: dict[str, Any]) -> str:
         )
     if any(m == "resnet18" for m, _, _ in rows):
         parts.append(
-            "**ResNet-18.** The same per-window costs are under 0.1 % of its ~150-250 ms step "
-            "(section 6); its ratios' spread is the machine's (see the ranges), not dpt's."
+            "**ResNet-18.** Section 6 gives the same per-window costs as a share of its step, "
+            "which is tens of times the MLP's; its ratios' spread is the machine's (see the "
+            "ranges), not dpt's."
         )
     if "startup" in results:
         parts.append(
@@ -565,8 +566,8 @@ def _method(meta: dict[str, Any]) -> str:
         "and the plain loop alike. With more threads than free cores, a process stalls "
         "whenever one of its threads loses its core, which on a shared machine buries every "
         "difference in noise (a 2-thread MLP run measured 20-60x slower under load).\n"
-        "- On 2 CPU cores ResNet-18 runs on 32 px images for a few steps: the numbers say how much "
-        "dpt adds per step to a compute-heavy step, not what ResNet-18 trains at.\n"
+        "- On 2 CPU cores ResNet-18 runs on 32 px images, batch 8, for a few steps: the numbers "
+        "say how much dpt adds per step to a compute-heavy step, not what ResNet-18 trains at.\n"
         "- The plain loop uses DDP's defaults (`gradient_as_bucket_view=False`); dpt's default is "
         "True. It fetches a batch as most hand-written loops do, through `DataLoader` over a "
         "`TensorDataset`; dpt's in-memory data sets fetch a batch in one indexing op (section 6 "
