@@ -6,10 +6,11 @@
     python scripts/bench.py --sections gpu  # only the GPU path (needs CUDA)
     python scripts/bench.py --out /tmp/perf # write the report elsewhere
 
-Sections: `loops` (dpt against a hand-written loop; single vs dp vs ddp), `startup` (time to
-the first optimizer step; cost of logging every step), `pipeline` (JPEG images/s per loader
-worker), `sync` (gradient all-reduce bus bandwidth; per-step costs), `gpu` (ResNet-18 bf16
-channels_last, synthetic and GPU-decoded JPEG; runs only where CUDA is available).
+Sections: `loops` (dpt against a hand-written loop at log_every_n_steps 10 and 50; single vs dp
+vs ddp), `startup` (time to the first optimizer step; whole-process cost per step; cost of
+logging every step), `pipeline` (JPEG images/s per loader worker), `sync` (gradient all-reduce bus
+bandwidth; dpt's per-step and per-window calls), `gpu` (ResNet-18 bf16 channels_last, synthetic
+and GPU-decoded JPEG; runs only where CUDA is available).
 
 Every comparison alternates its contenders run by run (A, B, A, B, ...) and reports medians and
 paired ratios: on a shared machine single absolute times say little. Runs go to a temporary
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import sys
 import tempfile
 import time
@@ -49,6 +51,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--threads", type=int, default=1, help="intra-op threads per CPU process (default 1)"
     )
     p.add_argument("--world-sizes", default=None, help="ddp worlds, e.g. 2,4 (default: 2)")
+    p.add_argument("--save", type=Path, default=None, help="also pickle the measurements here")
+    p.add_argument(
+        "--render", type=Path, default=None,
+        help="measure nothing: write the report from measurements saved with --save",
+    )  # fmt: skip
     args = p.parse_args(argv)
     args.sections = [s for s in args.sections.split(",") if s]
     unknown = set(args.sections) - set(SECTIONS)
@@ -61,16 +68,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def workloads(quick: bool, device: str) -> dict[str, Workload]:
-    """The throughput workloads. On 2 CPU cores ResNet-18 sees 32 px images for 25 steps."""
-    mlp = Workload("mlp", batch_size=64, warmup_steps=50, steps=1050, device=device)
-    # ResNet-18 logs every 5 steps (both loops): four windows of 5 steps of ~150 ms each.
-    resnet = Workload(
-        "resnet18", 32, warmup_steps=5, steps=25, log_every=5, image_size=32, device=device
+LOG_EVERY = (10, 50)  # the logging cadences of the throughput targets, both loops alike
+
+
+def workloads(quick: bool, device: str) -> list[Workload]:
+    """The throughput workloads, each at every cadence of LOG_EVERY. The MLP times 10 windows
+    of 50 steps (~1 ms each); on 2 CPU cores ResNet-18 (32 px images, batch 8, ~50 ms a step
+    on an idle machine) times 2 windows of 10 steps and 1 window of 50 steps, after a first
+    window of warmup. The data sets hold 200 (MLP) and 100 (ResNet-18) batches, so that epochs
+    end on logging steps in one process and in two: dpt also logs at an epoch's end, and a
+    window cut there would hold two of its logs and other steps than the plain loop's."""
+    mlp = Workload(
+        "mlp", batch_size=64, warmup_steps=50, steps=550, device=device, num_samples=64 * 200
     )
     if quick:
-        return {"mlp": replace(mlp, warmup_steps=20, steps=120)}
-    return {"mlp": mlp, "resnet18": resnet}
+        return [replace(mlp, warmup_steps=50, steps=150, log_every=every) for every in LOG_EVERY]
+    resnet = Workload(
+        "resnet18", 8, warmup_steps=10, steps=30, image_size=32, device=device,
+        num_samples=8 * 100,
+    )  # fmt: skip
+    return [
+        *(replace(mlp, log_every=every) for every in LOG_EVERY),
+        resnet,
+        replace(resnet, log_every=50, warmup_steps=50, steps=100),
+    ]
 
 
 def child_env(args: argparse.Namespace, device: str) -> dict[str, str]:
@@ -84,51 +105,53 @@ def child_env(args: argparse.Namespace, device: str) -> dict[str, str]:
 
 
 def loops_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
-    """(1) dpt / plain throughput; (2) single vs dp vs ddp, scaling efficiency; and, on the MLP
-    (the shortest steps), dpt ddp without its check of losses and signals."""
-    loops, strategies, checks, groups = [], [], [], []
+    """(1) dpt / plain throughput at every cadence; (2) single vs dp vs ddp, scaling
+    efficiency (at the first cadence)."""
+    loops, strategies, groups = [], [], []
     plans = []
     works = workloads(args.quick, args.device)
-    for work in works.values():
-        single = (Job("plain", "single", 1, work), Job("dpt", "single", 1, work))
-        dp = Job("dpt", "dp", 1, work)
-        ddps = [
-            (Job("plain", "ddp", n, work), Job("dpt", "ddp", n, work))
-            + ((Job("dpt", "ddp", n, work, no_step_check=True),) if work.model == "mlp" else ())
-            for n in args.worlds
-        ]
-        groups += [[*single, dp], *(list(group) for group in ddps)]
-        plans.append((single, dp, ddps))
+    for work in works:
+        pairs = [(Job("plain", "single", 1, work), Job("dpt", "single", 1, work))]
+        pairs += [(Job("plain", "ddp", n, work), Job("dpt", "ddp", n, work)) for n in args.worlds]
+        dp = Job("dpt", "dp", 1, work) if work.log_every == LOG_EVERY[0] else None
+        groups += [[*pairs[0], *([dp] if dp else [])], *(list(pair) for pair in pairs[1:])]
+        plans.append((pairs, dp))
     env = child_env(args, args.device)
     results = runs.run_rounds(groups, args.rounds, tmp / "loops", env, say, args.retried)
-    for single, dp, ddps in plans:
-        loops += [runs.loop_ratio_row(results, *group[:2]) for group in (single, *ddps)]
-        strategies += runs.strategy_rows(results, single[1], [dp, *(group[1] for group in ddps)])
-        checks += [runs.step_check_row(results, *group) for group in ddps if len(group) == 3]
-    return {
-        "loops": loops,
-        "strategies": strategies,
-        "step_check": checks,
-        "workloads": works,
-    }
+    for pairs, dp in plans:
+        loops += [runs.loop_ratio_row(results, *pair) for pair in pairs]
+        if dp:
+            others = [dp, *(dpt for _, dpt in pairs[1:])]
+            strategies += runs.strategy_rows(results, pairs[0][1], others)
+    return {"loops": loops, "strategies": strategies, "workloads": works}
 
 
 def startup_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
-    """(5) time to the first optimizer step; the cost of logging every step (MLP: its steps are
-    the shortest, so any fixed per-step cost shows most)."""
-    steps = 120 if args.quick else 300
+    """(5) time to the first optimizer step, and the whole process's cost per step, from runs
+    of N1 and N2 steps (MLP, both loops at the default log_every_n_steps=10); (6) the cost of
+    logging every step, in one process (MLP: its steps are the shortest, so any fixed per-step
+    cost shows most; section 6's in-place timings cover two ranks)."""
+    n1, n2 = (50, 250) if args.quick else (100, 600)
+    short = Workload("mlp", 64, warmup_steps=0, steps=n1, device=args.device)
+    long = replace(short, steps=n2)
+    steps = 120 if args.quick else 200
     every = Workload("mlp", 64, warmup_steps=20, steps=steps, log_every=1, device=args.device)
     rarely = replace(every, log_every=runs.LOG_RARELY)
     worlds = [("single", 1)] if args.quick else [("single", 1), *(("ddp", n) for n in args.worlds)]
-    groups = [
-        [Job("plain", s, n, every), Job("dpt", s, n, every), Job("dpt", s, n, rarely)]
+    pairs = {
+        (s, n): [(Job("plain", s, n, w), Job("dpt", s, n, w, stamp_first_step=True))
+                 for w in (short, long)]
         for s, n in worlds
-    ]
+    }  # fmt: skip
+    logging = [[Job("plain", "single", 1, every), Job("dpt", "single", 1, every),
+                Job("dpt", "single", 1, rarely)]]  # fmt: skip
+    groups = [[job for pair in world for job in pair] for world in pairs.values()] + logging
     env = child_env(args, args.device)
     results = runs.run_rounds(groups, args.rounds, tmp / "startup", env, say, args.retried)
     return {
-        "startup": [runs.startup_row(results, g[0], g[1]) for g in groups],
-        "logging": [runs.logging_row(results, g[1], g[2], g[0]) for g in groups],
+        "startup": [runs.startup_row(results, world) for world in pairs.values()],
+        "marginal": [runs.marginal_row(results, *world) for world in pairs.values()],
+        "logging": [runs.logging_row(results, g[1], g[2], g[0]) for g in logging],
     }
 
 
@@ -198,6 +221,10 @@ RUNNERS = {
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.render:  # e.g. after editing the report's text: the same numbers, written anew
+        results, meta = pickle.loads(args.render.read_bytes())
+        print(f"wrote {bench_report.write(args.out, results, meta)}")
+        return
     started = time.time()
 
     def say(message: str) -> None:
@@ -219,6 +246,8 @@ def main(argv: list[str] | None = None) -> None:
         "threads": args.threads,
         "device": args.device,
     }
+    if args.save:
+        args.save.write_bytes(pickle.dumps((results, meta)))
     path = bench_report.write(args.out, results, meta)
     say(f"wrote {path}")
 

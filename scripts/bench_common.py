@@ -13,6 +13,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # dpt from this checkout, wherever the script is started from
     sys.path.insert(0, str(REPO))
 
+# The file in which scripts/bench_train.py stamps dpt's first optimizer step (unset: no stamp).
+FIRST_STEP_ENV = "DPT_BENCH_FIRST_STEP"
+
 
 @dataclass(frozen=True)
 class Stat:

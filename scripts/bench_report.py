@@ -6,6 +6,7 @@ import os
 import platform
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,7 @@ def write(out: Path, results: dict[str, Any], meta: dict[str, Any]) -> Path:
         _sync(results, plots),
         _startup(results),
         _overhead(results),
+        _findings(results),
         _gpu(results),
         _method(meta),
     ]
@@ -115,43 +117,73 @@ def _fmt_ratio(stat: Stat) -> str:
     return stat.fmt(".3f")
 
 
+# The issue's targets. Logging at every step must cost under 5 % of an MLP step; 1 % stays the goal.
+THROUGHPUT_TARGET = 0.99  # dpt/plain samples/s
+LOGGING_TARGET_PCT, LOGGING_GOAL_PCT = 5.0, 1.0
+STARTUP_TARGET = 1.2  # dpt/plain seconds to the first optimizer step
+
+
 def _target_rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(target, measured, verdict) for every target the run measured."""
     rows: list[tuple[str, str, str]] = []
 
-    def add(target: str, stat: Stat, ok: bool, spec: str = ".3f", unit: str = "") -> None:
-        rows.append((target, stat.fmt(spec) + unit, "met" if ok else "**not met**"))
+    def add(target: str, stat: Stat, ok: Callable[[float], bool], spec: str = ".3f",
+            unit: str = "") -> None:  # fmt: skip
+        # The median decides; a range that crosses the line is said too (a shared machine).
+        verdict = "met" if ok(stat.median) else "**not met**"
+        if ok(stat.low) != ok(stat.high):
+            verdict += " (not in every round)" if ok(stat.median) else " (met in some rounds)"
+        rows.append((target, stat.fmt(spec) + unit, verdict))
+
+    def logging(target: str, share: Stat, spec: str) -> None:
+        goal = "goal 1 % met" if share.median < LOGGING_GOAL_PCT else "goal 1 % not yet"
+        add(f"{target} ({goal})", share, lambda v: v < LOGGING_TARGET_PCT, spec, " %")
 
     for r in results.get("loops", []):
-        name = f"dpt/plain throughput >= 0.99: {r['model']} {r['strategy']} x{r['world']}"
-        add(name, r["ratio"], r["ratio"].median >= 0.99)
+        name = (f"dpt/plain throughput >= {THROUGHPUT_TARGET}: {r['model']} {r['strategy']} "
+                f"x{r['world']}, log_every_n_steps={r['log_every']}")  # fmt: skip
+        add(name, r["ratio"], lambda v: v >= THROUGHPUT_TARGET)
+    for r in results.get("marginal", []):
+        limit = 1 / THROUGHPUT_TARGET
+        name = (f"whole-process cost per extra step, dpt/plain <= {limit:.3f} (the same target as "
+                f"the user feels it): mlp {r['strategy']} x{r['world']}")  # fmt: skip
+        if min(r["plain_ms"].low, r["dpt_ms"].low) <= 0:
+            # A longer run that ended sooner: start-up's swings exceeded the extra steps' cost.
+            verdict = "**inconclusive**: a longer run finished sooner in some round (load)"
+            rows.append((name, _fmt_ratio(r["ratio"]), verdict))
+            continue
+        add(name, r["ratio"], lambda v: v <= 1 / THROUGHPUT_TARGET)
+    for r in results.get("startup", []):
+        name = (f"launch to first optimizer step, dpt/plain <= {STARTUP_TARGET}: "
+                f"mlp {r['strategy']} x{r['world']}")  # fmt: skip
+        add(name, r["ratio"], lambda v: v <= STARTUP_TARGET)
     for r in results.get("logging", []):
-        name = f"logging at log_every_n_steps=1 < 1% of the step: mlp {r['strategy']} x{r['world']}"
-        add(name, r["cost_pct"], r["cost_pct"].median < 1.0, ".1f", " %")
+        logging(f"logging at log_every_n_steps=1 < {LOGGING_TARGET_PCT:.0f} % of the step: "
+                f"mlp {r['strategy']} x{r['world']}", r["cost_pct"], ".1f")  # fmt: skip
     steps = _step_times_ms(results)
     for world, costs in sorted(results.get("per_step", {}).items()):
         for model, ms in steps.items():
             if model != "mlp" and world in ms:  # the MLP is measured end to end above
-                cost = costs["metrics_step_us_every_1"]
+                cost = costs["per_step_us_every_1"]
                 share = Stat(
                     *(100 * v / 1e3 / ms[world] for v in (cost.median, cost.low, cost.high)), cost.n
                 )
-                name = (f"logging at log_every_n_steps=1 < 1% of the step: {model} x{world} "
-                        "(section 6 cost / section 2 step)")  # fmt: skip
-                add(name, share, share.median < 1.0, ".2f", " %")
+                logging(f"logging at log_every_n_steps=1 < {LOGGING_TARGET_PCT:.0f} % of the "
+                        f"step: {model} x{world} (section 6 cost / section 2 step)", share,
+                        ".2f")  # fmt: skip
     for r in results.get("pipeline", []):
         if r["what"] in ("dpt train sample", "train transform"):
             name = f"pipeline >= 0.9 of decode-only: {r['decoder']}"
-            add(name, r["vs_decode"], r["vs_decode"].median >= 0.9)
+            add(name, r["vs_decode"], lambda v: v >= 0.9)
     for r in results.get("sync", []):
         name = f"gradient sync >= 0.9 of bare all-reduce busbw: {r['model']} (Gloo, 2 ranks)"
-        add(name, r["hook_vs_bare"], r["hook_vs_bare"].median >= 0.9)
+        add(name, r["hook_vs_bare"], lambda v: v >= 0.9)
     gpu = results.get("gpu")
     if gpu:
         syn, ratio = gpu["in_process"]["synthetic"], gpu["in_process"]["jpeg_vs_synthetic"]
         add("ResNet-18 bf16 channels_last >= 10,000 images/s (synthetic)", syn,
-            syn.median >= 10_000, ",.0f")  # fmt: skip
-        add("JPEG with GPU decoding >= 0.9 of synthetic", ratio, ratio.median >= 0.9)
+            lambda v: v >= 10_000, ",.0f")  # fmt: skip
+        add("JPEG with GPU decoding >= 0.9 of synthetic", ratio, lambda v: v >= 0.9)
     elif "gpu" in results:
         for target in ("ResNet-18 bf16 channels_last >= 10,000 images/s on one H100",
                        "JPEG with GPU decoding >= 0.9 of synthetic"):  # fmt: skip
@@ -167,23 +199,24 @@ def _loops(results: dict[str, Any], plots: dict[str, str]) -> str:
     if "loops" not in results:
         return ""
     rows = [
-        (r["model"], r["strategy"], r["world"], r["batch"], r["plain"].fmt(), r["dpt"].fmt(),
-         _fmt_ratio(r["ratio"]), _fmt_ratio(r["ratio_all_steps"]), f"{r['loss_gap']:.1e}")
+        (r["model"], r["strategy"], r["world"], r["batch"], r["log_every"], r["plain"].fmt(),
+         r["dpt"].fmt(), _fmt_ratio(r["ratio"]), _fmt_ratio(r["ratio_all_steps"]),
+         f"{r['loss_gap']:.1e}")
         for r in results["loops"]
     ]  # fmt: skip
-    work = results["workloads"]
     describe = "; ".join(
         f"{w.model}: batch {w.batch_size} per process, windows of {w.log_every} steps from step "
         f"{w.warmup_steps} to {w.steps}"
         + (f", {w.image_size} px images" if w.model != "mlp" else "")
-        for w in work.values()
+        for w in results["workloads"]
     )
     return (
         "## 1. dpt against a hand-written loop\n\n"
         "`python train.py ...` against `scripts/plain_loop.py` (DistributedSampler, DDP, Adam, "
         "cross-entropy; nothing from dpt), as subprocesses, same model, data, seed, batch and "
         "world size; ddp on CPU ranks over Gloo. Both loops read the loss back every "
-        "`log_every` steps (dpt: `trainer.log_every_n_steps`) and stamp the wall clock there "
+        "`log_every` steps (dpt: `trainer.log_every_n_steps`; 10 and 50, each loop at the "
+        "same cadence) and stamp the wall clock there "
         "(dpt: its rank-0 TensorBoard events; plain: a JSON file). A run's samples/s is the "
         "median over its logging windows after warmup: every window holds the same steps and "
         "one read-back of each loop (for dpt: TensorBoard writes, the world aggregation and a "
@@ -193,7 +226,7 @@ def _loops(results: dict[str, Any], plots: dict[str, str]) -> str:
         f"Workloads: {describe}. *loss gap*: the largest difference between the two loops of "
         "the last window's mean loss (the same arithmetic gives ~0).\n\n"
         + md_table(
-            "model | strategy | world | batch/rank | "
+            "model | strategy | world | batch/rank | log every | "
             "plain samples/s | dpt samples/s | dpt/plain | dpt/plain, all steps | loss gap",
             rows,
         )
@@ -211,10 +244,11 @@ def _strategies(results: dict[str, Any]) -> str:
     ]  # fmt: skip
     return (
         "## 2. Strategies and scaling\n\n"
-        "dpt's runs from section 1. Weak scaling: every process keeps its batch, so a world of "
-        "n does n times the work per step; *scaling efficiency* = samples/s / (n x samples/s of "
-        "`single`), paired round by round. On CPU each process runs one thread, so a 'device' is "
-        "one core, and `dp` (DataParallel needs 2 GPUs) runs as `single`.\n\n"
+        "dpt's runs from section 1 at log_every_n_steps=10. Weak scaling: every process keeps "
+        "its batch, so a world of n does n times the work per step; *scaling efficiency* = "
+        "samples/s / (n x samples/s of `single`), paired round by round. On CPU each process "
+        "runs one thread, so a 'device' is one core, and `dp` (DataParallel needs 2 GPUs) "
+        "runs as `single`.\n\n"
         + md_table(
             "model | strategy | world | batch/rank | global batch | samples/s | scaling efficiency",
             rows,
@@ -295,14 +329,36 @@ def _startup(results: dict[str, Any]) -> str:
          r["extra_s"].fmt("+.2f"), _fmt_ratio(r["ratio"]))
         for r in results["startup"]
     ]  # fmt: skip
+    marginal = [
+        (r["strategy"], r["world"], *(f"{s.fmt('.2f')}" for s in r["plain_wall_s"]),
+         *(f"{s.fmt('.2f')}" for s in r["dpt_wall_s"]), r["plain_ms"].fmt(".3f"),
+         r["dpt_ms"].fmt(".3f"), _fmt_ratio(r["ratio"]))
+        for r in results["marginal"]
+    ]  # fmt: skip
+    n1, n2 = results["marginal"][0]["steps"]
     return (
-        "## 5. Start-up: launch to the first optimizer step\n\n"
-        "Seconds from starting the process (`python train.py ...` / `python "
-        "scripts/plain_loop.py ...`) to the end of optimizer step 1, MLP on the synthetic task, "
-        "both logging every step so both stamp step 1. dpt's extra time is importing and "
-        "composing more (Hydra, TensorBoard, torchmetrics) and, for ddp, the elastic launcher "
-        "against `torch.multiprocessing.spawn`.\n\n"
+        "## 5. Start-up and the whole process, as the user feels them\n\n"
+        "MLP on the synthetic task, both loops at log_every_n_steps=10, dpt with "
+        "`checkpoint.enabled=false dataset.num_val_samples=0` as in section 1; every round runs "
+        f"plain and dpt for {n1} steps, then for {n2} steps.\n\n"
+        "*Launch to the first optimizer step*: seconds from starting the command (`python "
+        "train.py ...` / `python scripts/plain_loop.py ...`) to the moment rank 0's first "
+        "`optimizer.step()` returns, over the runs of both lengths (paired). The plain loop "
+        "stamps it after its `optimizer.step()`; dpt runs as `scripts/bench_train.py`, which is "
+        "`train.py` plus a global optimizer hook that stamps the first step and removes itself. "
+        "Neither stamp waits for a logging step, so neither loop is billed for its first "
+        "metrics write. dpt's extra time is importing and composing more (Hydra, its config "
+        "schemas) and, for ddp, the elastic launcher against `torch.multiprocessing.spawn`.\n\n"
         + md_table("strategy | world | plain s | dpt s | dpt extra s | dpt/plain", rows)
+        + "\n\n*Cost per extra step*: whole-process wall time (from starting the command to "
+        f"its exit) of the {n2}-step run minus the {n1}-step run, over {n2 - n1} steps: what "
+        "one more step costs the user, epoch boundaries, logging and everything else included; "
+        "start-up and teardown cancel out. The ratio pairs the two loops round by round.\n\n"
+        + md_table(
+            f"strategy | world | plain s, {n1} steps | plain s, {n2} steps | dpt s, {n1} steps | "
+            f"dpt s, {n2} steps | plain ms/step | dpt ms/step | dpt/plain cost",
+            marginal,
+        )
     )
 
 
@@ -324,8 +380,6 @@ def _overhead(results: dict[str, Any]) -> str:
                 rows,
             )
         )
-    if results.get("step_check"):
-        parts.append(_step_check_table(results["step_check"]))
     if "per_step" in results:
         parts.append(_per_step_table(results))
     if not parts:
@@ -333,39 +387,29 @@ def _overhead(results: dict[str, Any]) -> str:
     return "## 6. Per-step overhead of dpt's loop\n\n" + "\n\n".join(parts)
 
 
-def _step_check_table(rows: list[dict[str, Any]]) -> str:
-    table = [
-        (r["model"], r["strategy"], r["world"], _fmt_ratio(r["dpt_vs_plain"]),
-         _fmt_ratio(r["patched_vs_plain"]), _fmt_ratio(r["patched_vs_dpt"]))
-        for r in rows
-    ]  # fmt: skip
-    return (
-        "The loop's agreement on non-finite losses and stop signals, end to end: section 1's "
-        "runs plus, in the same rounds, dpt started through `scripts/bench_patched_train.py`, "
-        "which is `train.py` with `Trainer.check_finite_and_signals` (a device-side note of "
-        "`isfinite(loss)` every step; a host read and a small Gloo all-reduce at log and "
-        "checkpoint steps) replaced by 'always step'.\n\n"
-        + md_table(
-            "model | strategy | world | "
-            "dpt/plain | dpt without the check/plain | speed-up from dropping it",
-            table,
-        )
-    )
+PER_STEP_CALLS = {
+    "each_step_us": "`Agreement.note` + `MetricsLogger.record` (every step; no device op)",
+    "agree_us": "`Agreement.agree(stop, MetricsLogger.payload())` (per window of 10 steps: "
+    "one read-back, the one `all_gather`)",
+    "agreed_us": "`MetricsLogger.agreed(..., log=True)` (per window: TensorBoard, a log line)",
+    **{
+        f"per_step_us_every_{n}": f"all of the above, per step, at log_every_n_steps={n}"
+        for n in (1, 10, 50)
+    },
+    "fetch_dpt_us": "dpt's batch fetch, MLP batch of 64 (`InMemoryDataset.__getitems__`)",
+    "fetch_plain_us": "the plain loop's batch fetch (`DataLoader(TensorDataset)`: a "
+    "`__getitem__` per sample, `default_collate`)",
+}
 
 
 def _per_step_table(results: dict[str, Any]) -> str:
-    names = {
-        "agree_max_us": "`agree_max` (Trainer.check_finite_and_signals; a call, made at log "
-        "and checkpoint steps only)",
-        "nonfinite_note_us": "`FirstNonFinite.note` (same, every step; on the device, no sync)",
-        "metrics_step_us_every_1": "`MetricsLogger.step`, log_every_n_steps=1",
-        "metrics_step_us_every_10": "`MetricsLogger.step`, log_every_n_steps=10 (per step)",
-    }
     steps = _step_times_ms(results)
-    headers = ["call", "world", "us per step"] + [f"% of {k} step" for k in steps]
+    headers = ["call", "world", "us"] + [f"% of {k} step" for k in steps]
     rows = []
     for world, costs in sorted(results["per_step"].items(), key=lambda kv: int(kv[0])):
-        for key, label in names.items():
+        for key, label in PER_STEP_CALLS.items():
+            if key not in costs:  # the batch fetch is timed in one process only
+                continue
             stat = costs[key]
             shares = [
                 f"{100 * stat.median / 1e3 / ms[int(world)]:.2f}" if int(world) in ms else "-"
@@ -373,9 +417,11 @@ def _per_step_table(results: dict[str, Any]) -> str:
             ]
             rows.append((label, world, stat.fmt(".1f"), *shares))
     return (
-        "dpt's own calls, timed in place (in a 1-rank and a 2-rank Gloo world), and their share "
-        "of the measured step time of each model (section 2, same world size):\n\n"
-        + md_table(headers, rows)
+        "dpt's own calls around the training, timed in place as `Trainer.train_step` makes "
+        "them (in a 1-rank and a 2-rank Gloo world, both ranks making the same calls), and "
+        "their share of the measured step time of each model (section 2, same world size). "
+        "For comparison, the plain loop pays one `window_loss += loss.detach()` (a device op) "
+        "per step and one `.item()` and a print per window.\n\n" + md_table(headers, rows)
     )
 
 
@@ -388,6 +434,101 @@ def _step_times_ms(results: dict[str, Any]) -> dict[str, dict[int, float]]:
                 1e3 * r["global_batch"] / r["samples_s"].median
             )
     return steps
+
+
+def _findings(results: dict[str, Any]) -> str:
+    """Where the MLP step's time goes, dpt against the plain loop, from this run's numbers; and
+    what start-up spends, from a profile."""
+    costs = results.get("per_step", {}).get(1, {})
+    rows = {(r["model"], r["world"], r["log_every"]): r for r in results.get("loops", [])}
+    parts = []
+    if "fetch_dpt_us" in costs and ("mlp", 1, 10) in rows:
+        saving = costs["fetch_plain_us"].median - costs["fetch_dpt_us"].median
+        lines = []
+        for every in (10, 50):
+            r = rows.get(("mlp", 1, every))
+            if r is None:
+                continue
+            extra = costs[f"per_step_us_every_{every}"].median
+            plain_ms, dpt_ms = (1e3 * r["batch"] / r[k].median for k in ("plain", "dpt"))
+            # The plain loop's step if it fetched its batches as dpt does: what dpt's own
+            # machinery costs against a loop with the same data path.
+            same_fetch = (plain_ms - saving / 1e3) / dpt_ms
+            lines.append(
+                f"- log_every_n_steps={every}: dpt's bookkeeping costs {extra:.0f} us per step "
+                f"({100 * extra / 1e3 / dpt_ms:.1f} % of its {dpt_ms:.2f} ms step), its batch "
+                f"fetch saves {saving:.0f} us: dpt/plain measured {r['ratio'].median:.3f}; "
+                f"against a plain loop with dpt's batch fetch it would be about {same_fetch:.3f}."
+            )
+        per_window = costs["agree_us"].median + costs["agreed_us"].median
+        parts.append(
+            "**MLP, one process.** The forward, backward and Adam step are the same calls in "
+            "both loops. What differs, from section 6's in-place timings:\n\n"
+            f"- every step, dpt keeps the loss and the counts "
+            f"({costs['each_step_us'].median:.1f} us for `Agreement.note` + "
+            "`MetricsLogger.record`); the plain loop adds the loss into a device tensor "
+            "(`window_loss += loss.detach()`, a couple of us): a wash;\n"
+            f"- every window, dpt spends {per_window:.0f} us: "
+            f"{costs['agree_us'].median:.0f} us in `Agreement.agree` (two separate read-backs "
+            "of the same losses: `Agreement._first_nonfinite` stacks and checks them, "
+            "`MetricsLogger.payload` stacks and sums them) and "
+            f"{costs['agreed_us'].median:.0f} us in `MetricsLogger.agreed`, nearly all of it "
+            "TensorBoard: `MetricsLogger._write` calls `SummaryWriter.add_scalar` once per tag, "
+            "6 rank tags and 5 world tags per window, each building its own protobuf event "
+            "(about 70 us apiece, profiled); the plain loop reads one number and prints a line;\n"
+            f"- every step, the plain loop's `DataLoader(TensorDataset)` fetch costs "
+            f"{costs['fetch_plain_us'].median:.0f} us (64 `__getitem__` calls, then "
+            f"`default_collate`) against dpt's {costs['fetch_dpt_us'].median:.0f} us (one "
+            "indexing op per batch, `InMemoryDataset.__getitems__`).\n\n"
+            "So dpt's MLP ratio above 1 (where it is) is its data path, not its loop: "
+            "per step its loop costs more than the plain loop's, by the window's cost divided "
+            "by the cadence.\n\n" + "\n".join(lines) + "\n\n"
+            "What the timed pieces leave of the gap to 1 is the Python around the training in "
+            "`Trainer.train_step` and `forward_backward` (`agrees_now`, `ToDevice`, the "
+            "`no_sync` and autocast contexts, `perf_counter` calls, sums over the micro-batches: "
+            "tens of us per step under cProfile, less without it) and this run's noise (see "
+            "the ranges)."
+        )
+    if any(m == "resnet18" for m, _, _ in rows):
+        parts.append(
+            "**ResNet-18.** Section 6 gives the same per-window costs as a share of its step, "
+            "which is tens of times the MLP's; its ratios' spread is the machine's (see the "
+            "ranges), not dpt's."
+        )
+    if "startup" in results:
+        parts.append(
+            "**Start-up** (profiled once with `python -X importtime` and cProfile on this "
+            "machine under load; relative sizes only). Both loops pay for importing torch and, "
+            "in the optimizer's constructor, torch._dynamo (seconds each). On top, dpt imports "
+            "Hydra and its own modules (~0.5 s) and composes the config twice (~0.4-0.5 s "
+            "each): `@hydra.main` composes once to find the run mode (`Hydra.get_mode`) and "
+            "again to run. Validation, the run folder and the log files cost little. Under ddp, "
+            "each worker again imports the main module (torch, Hydra, dpt) and the elastic "
+            "agent adds its rendezvous and monitoring, against `torch.multiprocessing.spawn` in "
+            "the plain loop."
+        )
+    if not parts:
+        return ""
+    return (
+        "## 7. Where dpt's time still goes, and what would move it\n\n"
+        + "\n\n".join(parts)
+        + "\n\n**What would move the ratios next** (changes to `dpt/`, not made here):\n\n"
+        "- `MetricsLogger._write` (dpt/metrics.py): one TensorBoard event per window instead of "
+        "one per tag: build a single `Summary` with every value of the window and hand it to "
+        "the writer once (`writer._get_file_writer().add_summary(summary, step)`), or write "
+        "fewer tags by default (time/data_s and time/work_s only every few windows). That is "
+        "most of the per-window cost, hence of the log_every=10 overhead and of all of the "
+        "log_every=1 overhead.\n"
+        "- `Agreement.agree` + `MetricsLogger.payload` (dpt/agreement.py, dpt/metrics.py): both "
+        "keep the same loss tensors and each stacks and reads them back; one stack, one "
+        "`isfinite` and one sum, read back in one `.tolist()`, would halve the device work per "
+        "window.\n"
+        "- Start-up: compose the config once (`@hydra.main` composes it twice in RUN mode). "
+        "Under ddp every spawned worker re-imports the main module, so whatever `train.py` "
+        "imports at module level is paid again per rank; the elastic agent's own share "
+        "(rendezvous, monitoring) against `torch.multiprocessing.spawn` is the next thing to "
+        "profile.\n"
+    )
 
 
 def _gpu(results: dict[str, Any]) -> str:
@@ -435,10 +576,12 @@ def _method(meta: dict[str, Any]) -> str:
         "and the plain loop alike. With more threads than free cores, a process stalls "
         "whenever one of its threads loses its core, which on a shared machine buries every "
         "difference in noise (a 2-thread MLP run measured 20-60x slower under load).\n"
-        "- On 2 CPU cores ResNet-18 runs on 32 px images for a few steps: the numbers say how much "
-        "dpt adds per step to a compute-heavy step, not what ResNet-18 trains at.\n"
+        "- On 2 CPU cores ResNet-18 runs on 32 px images, batch 8, for a few steps: the numbers "
+        "say how much dpt adds per step to a compute-heavy step, not what ResNet-18 trains at.\n"
         "- The plain loop uses DDP's defaults (`gradient_as_bucket_view=False`); dpt's default is "
-        "True.\n"
+        "True. It fetches a batch as most hand-written loops do, through `DataLoader` over a "
+        "`TensorDataset`; dpt's in-memory data sets fetch a batch in one indexing op (section 6 "
+        "times both, section 7 says what that is worth).\n"
         "- The MLP's step is about a millisecond, so every fixed per-step cost of a trainer shows "
         "in its ratios; ResNet-18's step is about a hundred times longer. Section 6's per-call "
         "costs are timed in place, many times, and are the precise numbers; the end-to-end "
@@ -469,25 +612,21 @@ def _errors(stats: list[Stat]) -> list[list[float]]:
 
 
 def _throughput_bars(results: dict[str, Any], model: str) -> list[tuple[str, Stat, str, str]]:
-    """(label, samples/s, colour, note) for one model: plain, dpt (and dp), and dpt without its
-    per-step check where that was measured."""
+    """(label, samples/s, colour, note) for one model: plain and dpt at every cadence and world
+    size (and dp, where it was run)."""
     bars = []
-    checks = {(c["model"], c["world"]): c for c in results.get("step_check", [])}
     for r in (r for r in results["loops"] if r["model"] == model):
-        tag = "single" if r["strategy"] == "single" else f"ddp x{r['world']}"
+        world = "single" if r["strategy"] == "single" else f"ddp x{r['world']}"
+        tag = f"{world}\nlog {r['log_every']}"
         bars += [
             (f"plain\n{tag}", r["plain"], "#9a9a9a", ""),
-            (f"dpt\n{tag}", r["dpt"], "#2f6db5", f"{r['ratio'].median:.3f}x plain"),
+            (f"dpt\n{tag}", r["dpt"], "#2f6db5", f"{r['ratio'].median:.3f}x"),
         ]
-        if r["strategy"] == "single":
-            dp = next(
-                s for s in results["strategies"] if s["model"] == model and s["strategy"] == "dp"
-            )
-            bars.append(("dpt\ndp", dp["samples_s"], "#7fa7d8", ""))
-        check = checks.get((model, r["world"])) if r["strategy"] == "ddp" else None
-        if check:
-            note = f"{check['patched_vs_plain'].median:.3f}x plain"
-            bars.append((f"dpt {tag}\nno step check", check["patched"], "#a4c46a", note))
+        dp = [
+            s for s in results["strategies"]
+            if (s["model"], s["strategy"], s["log_every"]) == (model, "dp", r["log_every"])
+        ] if r["strategy"] == "single" else []  # fmt: skip
+        bars += [(f"dpt\ndp\nlog {r['log_every']}", d["samples_s"], "#7fa7d8", "") for d in dp]
     return bars
 
 
@@ -497,7 +636,7 @@ def _plot_throughput(path: Path, results: dict[str, Any]) -> None:
     models = list(dict.fromkeys(r["model"] for r in results["loops"]))
     widths = [len(_throughput_bars(results, m)) for m in models]
     fig, axes = plt.subplots(
-        1, len(models), figsize=(1.15 * sum(widths) + 1, 4.2), squeeze=False,
+        1, len(models), figsize=(0.8 * sum(widths) + 1, 4.4), squeeze=False,
         gridspec_kw={"width_ratios": widths},
     )  # fmt: skip
     for ax, model in zip(axes[0], models, strict=True):
@@ -505,7 +644,7 @@ def _plot_throughput(path: Path, results: dict[str, Any]) -> None:
         x = range(len(labels))
         ax.bar(x, [s.median for s in stats], yerr=_errors(list(stats)), color=colors, capsize=3)
         ax.set_xticks(list(x), labels, fontsize=8)
-        ax.set_title(f"{model}: samples/s (median, min-max)")
+        ax.set_title(f"{model}: samples/s (median, min-max), dpt/plain above dpt")
         ax.set_ylabel("samples/s")
         for i, note in enumerate(notes):
             if note:

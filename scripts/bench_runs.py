@@ -5,7 +5,9 @@ rank-0 TensorBoard events (`train/loss`), the plain loop in a JSON file. Through
 the same logging windows of both, from step `warmup_steps` on: every window holds the same steps
 and one read-back of each loop, and start-up and warmup are left out. A run's rate is the median
 over its windows (robust to another process taking the core for a moment); the rate over all its
-steps, epoch boundaries included, is kept too.
+steps, epoch boundaries included, is kept too. Every run also records when its process started and
+ended and when its first optimizer step returned (dpt through scripts/bench_train.py): start-up and
+the whole-process cost per step come from those.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_common import REPO, Stat, paired_ratios
+from bench_common import FIRST_STEP_ENV, REPO, Stat, paired_ratios
 
 LOG_RARELY = 10**6  # `trainer.log_every_n_steps` that never triggers inside a run
+FIRST_STEP_FILE = "first_step.txt"  # where bench_train.py stamps dpt's first optimizer step
 
 
 class BenchError(RuntimeError):
@@ -54,14 +57,13 @@ class Job:
     strategy: str  # single | dp | ddp
     world: int  # processes
     work: Workload
-    # dpt only: True runs scripts/bench_patched_train.py: dpt without checking losses and signals
-    no_step_check: bool = False
+    # dpt only: True runs scripts/bench_train.py, which stamps the first optimizer step
+    stamp_first_step: bool = False
 
     @property
     def label(self) -> str:
         suffix = f" x{self.world}" if self.strategy == "ddp" else ""
-        patched = " (no step check)" if self.no_step_check else ""
-        return f"{self.loop} {self.strategy}{suffix}{patched}"
+        return f"{self.loop} {self.strategy}{suffix}"
 
     @property
     def samples_per_step(self) -> int:
@@ -72,7 +74,7 @@ class Job:
 
     def _dpt(self, run_dir: Path) -> list[str]:
         w = self.work
-        entry = "scripts/bench_patched_train.py" if self.no_step_check else "train.py"
+        entry = "scripts/bench_train.py" if self.stamp_first_step else "train.py"
         cmd = [
             sys.executable,
             str(REPO / entry),
@@ -129,8 +131,10 @@ class Job:
 @dataclass
 class RunResult:
     launched: float  # time.time() just before the process started
+    ended: float  # time.time() once it had exited
     stamps: dict[int, float]  # logging step -> wall-clock time, rank 0
     losses: dict[int, float]  # logging step -> rank 0's mean loss over the window
+    first_step: float | None  # time.time() when rank 0's first optimizer step returned
     fit_wall_s: float | None = None  # dpt only: Trainer.fit's own wall time (metrics.json)
 
     def window_rates(self, job: Job) -> list[float]:
@@ -152,13 +156,22 @@ class RunResult:
         return (w.steps - w.warmup_steps) * job.samples_per_step / elapsed
 
     def first_step_s(self) -> float:
-        """From `Popen` to the end of optimizer step 1 (needs log_every=1 for the stamp)."""
-        return self.stamps[1] - self.launched
+        """From `Popen` to the return of rank 0's first `optimizer.step()` (for dpt: only in
+        runs with `stamp_first_step`)."""
+        if self.first_step is None:
+            raise BenchError("this run did not stamp its first optimizer step")
+        return self.first_step - self.launched
+
+    @property
+    def wall_s(self) -> float:
+        """The whole process, from `Popen` to its exit: what the user waits for."""
+        return self.ended - self.launched
 
 
 def run_job(job: Job, run_dir: Path, env: dict[str, str], timeout_s: float) -> RunResult:
     run_dir.mkdir(parents=True)
     console = run_dir / "console.txt"
+    env = {**env, FIRST_STEP_ENV: str(run_dir / FIRST_STEP_FILE)}  # read by bench_train.py only
     with console.open("w") as out:
         launched = time.time()
         proc = subprocess.Popen(
@@ -175,33 +188,40 @@ def run_job(job: Job, run_dir: Path, env: dict[str, str], timeout_s: float) -> R
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             code = f"timeout after {timeout_s:.0f} s"
+        ended = time.time()
     if code != 0:
         tail = "\n".join(console.read_text().splitlines()[-40:])
         raise BenchError(f"{job.label} ({job.work.model}) failed: exit {code}\n{tail}")
-    return _read_dpt(run_dir, launched) if job.loop == "dpt" else _read_plain(run_dir, launched)
+    read = _read_dpt if job.loop == "dpt" else _read_plain
+    return read(run_dir, launched, ended)
 
 
-def _read_dpt(run_dir: Path, launched: float) -> RunResult:
+def _read_dpt(run_dir: Path, launched: float, ended: float) -> RunResult:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run_dir / "tb" / "rank0"), size_guidance={"scalars": 0})
     events.Reload()
     loss = events.Scalars("train/loss")
     metrics = json.loads((run_dir / "metrics.json").read_text())
+    first_step = run_dir / FIRST_STEP_FILE
     return RunResult(
         launched,
+        ended,
         stamps={e.step: e.wall_time for e in loss},
         losses={e.step: e.value for e in loss},
+        first_step=float(first_step.read_text()) if first_step.exists() else None,
         fit_wall_s=metrics["wall_time_s"],
     )
 
 
-def _read_plain(run_dir: Path, launched: float) -> RunResult:
+def _read_plain(run_dir: Path, launched: float, ended: float) -> RunResult:
     record = json.loads((run_dir / "plain.json").read_text())
     return RunResult(
         launched,
+        ended,
         stamps={int(k): v for k, v in record["stamps"].items()},
         losses={int(k): v for k, v in record["losses"].items()},
+        first_step=record["first_step"],
     )
 
 
@@ -264,6 +284,7 @@ def loop_ratio_row(results: Results, plain: Job, dpt: Job) -> dict[str, object]:
         "strategy": dpt.strategy,
         "world": dpt.world,
         "batch": dpt.work.batch_size,
+        "log_every": dpt.work.log_every,
         "plain": Stat.of(p),
         "dpt": Stat.of(d),
         "ratio": paired_ratios(d, p),
@@ -288,6 +309,7 @@ def strategy_rows(results: Results, single: Job, others: Sequence[Job]) -> list[
                 "world": job.world,
                 "batch": job.work.batch_size,
                 "global_batch": job.samples_per_step,
+                "log_every": job.work.log_every,
                 "samples_s": Stat.of(t),
                 "efficiency": Stat.of([a / (job.world * b) for a, b in zip(t, base, strict=True)]),
             }
@@ -295,10 +317,12 @@ def strategy_rows(results: Results, single: Job, others: Sequence[Job]) -> list[
     return rows
 
 
-def startup_row(results: Results, plain: Job, dpt: Job) -> dict[str, object]:
-    """Time from launch to the end of the first optimizer step (both runs log every step)."""
-    p = [r.first_step_s() for r in results[plain]]
-    d = [r.first_step_s() for r in results[dpt]]
+def startup_row(results: Results, pairs: Sequence[tuple[Job, Job]]) -> dict[str, object]:
+    """Time from launch to the return of the first optimizer step, over every (plain, dpt) pair
+    of runs made side by side."""
+    p = [r.first_step_s() for plain, _ in pairs for r in results[plain]]
+    d = [r.first_step_s() for _, dpt in pairs for r in results[dpt]]
+    dpt = pairs[0][1]
     return {
         "strategy": dpt.strategy,
         "world": dpt.world,
@@ -329,16 +353,29 @@ def logging_row(results: Results, every_step: Job, rarely: Job, plain: Job) -> d
     }
 
 
-def step_check_row(results: Results, plain: Job, dpt: Job, patched: Job) -> dict[str, object]:
-    """What dropping the check of losses and signals buys: dpt with and without it, against
-    the plain loop."""
-    p, d, x = (throughputs(results, job) for job in (plain, dpt, patched))
+def marginal_row(
+    results: Results, short: tuple[Job, Job], long: tuple[Job, Job]
+) -> dict[str, object]:
+    """The cost of one more step as the user feels it: whole-process wall time of a long and a
+    short run, (wall(long) - wall(short)) / (steps(long) - steps(short)), per loop and round;
+    start-up, teardown and everything else a run pays once cancel out. `short` and `long` are
+    (plain, dpt) pairs of the same workload but for its steps."""
+    extra = long[0].work.steps - short[0].work.steps
+
+    def per_step_ms(small: Job, large: Job) -> list[float]:
+        walls = zip(results[small], results[large], strict=True)
+        return [1e3 * (b.wall_s - a.wall_s) / extra for a, b in walls]
+
+    p, d = per_step_ms(short[0], long[0]), per_step_ms(short[1], long[1])
+    dpt = short[1]
     return {
-        "model": dpt.work.model,
         "strategy": dpt.strategy,
         "world": dpt.world,
-        "patched": Stat.of(x),
-        "dpt_vs_plain": paired_ratios(d, p),
-        "patched_vs_plain": paired_ratios(x, p),
-        "patched_vs_dpt": paired_ratios(x, d),
+        "steps": (short[0].work.steps, long[0].work.steps),
+        "log_every": dpt.work.log_every,
+        "plain_wall_s": [Stat.of([r.wall_s for r in results[job]]) for job in (short[0], long[0])],
+        "dpt_wall_s": [Stat.of([r.wall_s for r in results[job]]) for job in (short[1], long[1])],
+        "plain_ms": Stat.of(p),
+        "dpt_ms": Stat.of(d),
+        "ratio": paired_ratios(d, p),
     }

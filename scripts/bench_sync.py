@@ -12,8 +12,11 @@ all-reduce over n ranks. Three ways to time the gradients' all-reduce, alternate
 Also timed, as step-time ratios against dpt's default DDP: one bucket (no overlap with backward),
 `static_graph=True`, `comm_hook=bf16`, and DDP with PyTorch's own defaults (the plain loop's).
 
-The per-step costs are dpt's own calls timed in place: the agreement on non-finite loss and stop
-signals (`agree_max`, once per step) and `MetricsLogger.step` at log_every_n_steps 1 and 10.
+The per-step costs are dpt's own calls around the training, timed in place as the loop makes them:
+every step `Agreement.note` and `MetricsLogger.record` (no device op, no wait); once per logging
+window `Agreement.agree` with `MetricsLogger.payload()` (one read-back from the device and the one
+`all_gather`) and `MetricsLogger.agreed` (TensorBoard writes, a log line); and whole windows of 1,
+10 and 50 steps, per step.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -40,9 +43,14 @@ from bench_common import Stat, paired_ratios, time_calls
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from dpt.distributed import DistEnv, agree_max, env_from_environment, init_process_group
+from dpt.agreement import Agreement
+from dpt.data.loaders import build_loaders
+from dpt.data.synthetic import SyntheticData
+from dpt.distributed import DistEnv, env_from_environment, init_process_group
 from dpt.distributed import destroy_process_group as dpt_destroy
+from dpt.interrupt import StopRequest
 from dpt.launch import restored_environ
 from dpt.logs import setup_logging
 from dpt.metrics import MetricsLogger
@@ -50,7 +58,6 @@ from dpt.models.mlp import MLP
 from dpt.models.resnet import resnet
 from dpt.rendezvous import loopback_store
 from dpt.strategy import DDP
-from dpt.trainer import FirstNonFinite
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,8 @@ def _rank(rank: int, models: list[dict], threads: int, calls: int, tmp: Path) ->
     init_process_group(env, timeout_s=600)
     try:
         report: dict[str, Any] = {"per_step": per_step_costs(env, tmp, calls)}
+        if env.world_size == 1:
+            report["per_step"] |= fetch_costs(calls)
         if env.world_size > 1:
             report["models"] = [sync_of(SyncModel(**m), env) for m in models]
         if rank == 0:
@@ -229,44 +238,95 @@ def _ms(seconds: list[float]) -> Stat:
 
 # --- per-step costs of dpt's loop -----------------------------------------------------------
 
+WINDOWS = (1, 10, 50)  # log_every_n_steps of the whole-window timings
+PIECE_WINDOW = 10  # steps per window where the per-window calls are timed one by one
+
+
+class LoopCalls:
+    """The calls `Trainer.train_step` makes besides the training, on one rank's agreement and
+    metrics, with the arguments the loop passes (a loss left as the device made it, no gradient
+    norm: trainer.grad_clip_norm=null)."""
+
+    def __init__(self, env: DistEnv, run_dir: Path, every: int) -> None:
+        self.metrics = MetricsLogger(run_dir, env, every, total_steps=10**9)
+        self.agreement = Agreement(env, last_step=10**9, on_nonfinite="error")
+        self.stop, self.loss, self.step = StopRequest(), torch.tensor(0.5), 0
+
+    def each_step(self) -> None:
+        self.step += 1
+        self.metrics.record(self.loss, 64, 0, 1e-4, 1e-3, None)
+        self.agreement.note(self.loss, self.step)
+
+    def agree(self) -> list[list[float]]:
+        return self.agreement.agree(self.stop, self.metrics.payload()).rows
+
+    def agreed(self, rows: list[list[float]]) -> None:
+        self.metrics.agreed(rows, self.step, 0, 1e-3, log=True)
+
+    def window(self, steps: int) -> None:
+        for _ in range(steps):
+            self.each_step()
+        self.agreed(self.agree())
+
 
 def per_step_costs(env: DistEnv, tmp: Path, calls: int) -> dict[str, Any]:
-    """Microseconds per step of the calls Trainer.fit makes every step besides the training."""
-    loss = torch.tensor(0.5)
-    nonfinite = FirstNonFinite(torch.device("cpu"))
-    costs = {
-        "agree_max_us": Stat.of(
-            [t * 1e6 for t in time_calls(lambda: agree_max([0.0, 0.0], env), calls)]
-        ),
-        "nonfinite_note_us": Stat.of(
-            [t * 1e6 for t in time_calls(lambda: nonfinite.note(loss, 1), calls)]
-        ),
-    }
-    for every in (1, 10):
-        costs[f"metrics_step_us_every_{every}"] = _metrics_step_us(
-            env, tmp / f"m{every}", every, calls
-        )
+    """Microseconds of dpt's own calls around the training, console lines going to a rank log
+    file (and stdout, here swallowed). Both ranks run the same calls, so a collective waits
+    only for what the other rank's identical work takes."""
+    setup_logging(f"rank {env.rank}", tmp / "logs" / f"rank{env.rank}.log")
+    us = lambda seconds: Stat.of([t * 1e6 for t in seconds])  # noqa: E731
+    costs: dict[str, Any] = {}
+    with contextlib.redirect_stdout(io.StringIO()):  # before the loggers: no progress bar
+        loop = LoopCalls(env, tmp / "pieces", PIECE_WINDOW)
+        agree, agreed = [], []
+        try:
+            loop.window(PIECE_WINDOW)  # the first window makes the TensorBoard writers
+            costs["each_step_us"] = us(time_calls(loop.each_step, calls))
+            loop.agreed(loop.agree())
+            for _ in range(max(5, calls // PIECE_WINDOW)):
+                for _ in range(PIECE_WINDOW):
+                    loop.each_step()
+                start = time.perf_counter()
+                rows = loop.agree()
+                middle = time.perf_counter()
+                loop.agreed(rows)
+                agree.append(middle - start)
+                agreed.append(time.perf_counter() - middle)
+        finally:
+            loop.metrics.close()
+        costs["agree_us"], costs["agreed_us"] = us(agree), us(agreed)
+        for every in WINDOWS:
+            loop = LoopCalls(env, tmp / f"every{every}", every)
+            try:
+                loop.window(every)
+                window = functools.partial(loop.window, every)
+                windows = time_calls(window, max(5, calls // every))
+            finally:
+                loop.metrics.close()
+            costs[f"per_step_us_every_{every}"] = us([t / every for t in windows])
     return costs
 
 
-def _metrics_step_us(env: DistEnv, run_dir: Path, every: int, calls: int) -> Stat:
-    """`MetricsLogger.step` as the loop calls it, its console lines going to a rank log file
-    (and stdout, here swallowed). Timed in blocks of `every` steps: the per-step mean of a block
-    holds one read-back, TensorBoard write and world aggregation."""
-    setup_logging(f"rank {env.rank}", run_dir / "logs" / f"rank{env.rank}.log")
-    loss = torch.tensor(0.5)
-    step = 0
-    with contextlib.redirect_stdout(io.StringIO()):  # before the logger: no progress bar
-        metrics = MetricsLogger(run_dir, env, every, total_steps=10**9)
+def fetch_costs(calls: int) -> dict[str, Stat]:
+    """Microseconds to fetch one MLP batch of 64, alternating block by block: dpt's train
+    loader (`InMemoryDataset`: one indexing op per batch) against the plain loop's
+    `DataLoader(TensorDataset)` (a `__getitem__` per sample, then `default_collate`)."""
+    data = SyntheticData(num_samples=8192, num_val_samples=0, input_dim=32, num_classes=10)
+    one = DistEnv(0, 0, 1, 1, torch.device("cpu"))
+    plain = TensorDataset(*data.train.tensors)
+    sampler = DistributedSampler(plain, num_replicas=1, rank=0, shuffle=True, seed=0)
+    loaders = {
+        "fetch_dpt_us": build_loaders(data, one, 64, seed=0).train,
+        "fetch_plain_us": DataLoader(plain, batch_size=64, sampler=sampler, drop_last=True),
+    }
+    batches = {name: _forever(loader) for name, loader in loaders.items()}
+    times: dict[str, list[float]] = {name: [] for name in loaders}
+    for _ in range(max(5, calls // 32)):
+        for name, it in batches.items():
+            times[name] += time_calls(functools.partial(next, it), 32)
+    return {name: Stat.of([t * 1e6 for t in values]) for name, values in times.items()}
 
-        def block() -> None:
-            nonlocal step
-            for _ in range(every):
-                step += 1
-                metrics.step(step, 0, loss, 64, 1e-4, 1e-3)
 
-        try:
-            blocks = time_calls(block, max(3, calls // every))
-        finally:
-            metrics.close()
-    return Stat.of([t / every * 1e6 for t in blocks])
+def _forever(loader: DataLoader) -> Iterator[Any]:
+    while True:
+        yield from loader

@@ -12,7 +12,8 @@ so both do the same arithmetic on the same batches (scripts/bench.py checks the 
     torchrun --nproc_per_node=2 scripts/plain_loop.py --model mlp            # ... or under torchrun
 
 `--out FILE` makes rank 0 write, as JSON, the wall-clock time (time.time()) and the window's mean
-loss at every logging step: the benchmark computes throughput and time-to-first-step from them.
+loss at every logging step, and the time its first optimizer step returned: the benchmark computes
+throughput and time-to-first-step from them.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def train(
     stamps: dict[int, float] = {}
     losses: dict[int, float] = {}
     window_loss = torch.zeros((), device=device)
-    step, epoch = 0, 0
+    step, epoch, first_step = 0, 0, 0.0
     model.train()
     while step < args.steps:
         sampler.set_epoch(epoch)
@@ -150,6 +151,8 @@ def train(
             loss.backward()
             optimizer.step()
             step += 1
+            if step == 1:  # what scripts/bench_train.py stamps for dpt: step() has returned
+                first_step = time.time()
             window_loss += loss.detach()
             if step % args.log_every == 0:
                 mean_loss = window_loss.item() / args.log_every  # the only host-device sync
@@ -162,7 +165,8 @@ def train(
         epoch += 1
 
     if rank == 0 and args.out is not None:
-        record = {"stamps": stamps, "losses": losses, "world_size": world_size}
+        record = {"stamps": stamps, "losses": losses, "world_size": world_size,
+                  "first_step": first_step}  # fmt: skip
         args.out.write_text(json.dumps(record))
     if world_size > 1:
         dist.destroy_process_group()
