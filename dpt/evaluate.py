@@ -74,6 +74,8 @@ def evaluate(
     was_training = model.training
     model.eval()
     for inputs, labels, _ in loader:
+        if not len(labels):  # every image of the batch was unreadable (counted by the loader)
+            continue
         inputs = to_device(inputs)
         labels = labels.to(env.device, non_blocking=inputs.is_cuda)
         with autocast():

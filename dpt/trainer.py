@@ -99,7 +99,10 @@ class Trainer:
             last = i == len(micro_batches) - 1
             with self.no_sync(not last):  # ddp all-reduces once, in the last backward
                 with self.precision.autocast():
-                    loss = self.loss_fn(self.model(inputs), labels)
+                    logits = self.model(inputs)
+                    # A micro-batch of only unreadable images: a zero loss, so that ddp's
+                    # all-reduce still runs on every rank (this rank adds zero gradients).
+                    loss = self.loss_fn(logits, labels) if len(labels) else logits.sum() * 0.0
                 if len(micro_batches) > 1:
                     loss = loss / len(micro_batches)  # the mean over the whole batch
                 if last:

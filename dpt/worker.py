@@ -113,6 +113,8 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         path, state = parts.resumed
         trainer.load_state_dict(state, path)
         log.info(f"resumed from {path} at step {state['step']}")
+    if env.is_main:  # where to look, and what `hydra.run.dir=` resumes
+        log.info(f"run folder {run_dir}")
     _log_start(parts)
     try:
         result = trainer.fit()
@@ -121,7 +123,7 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
             log.info(
                 f"done: {result.steps} steps in {result.wall_time_s:.1f} s | "
                 f"{summary['samples_per_s']:,.0f} samples/s (world) | final loss "
-                f"{_fmt(result.final_loss)}"
+                f"{_fmt(result.final_loss)} | run folder {run_dir}"
             )
             _write_outputs(run_dir, unwrap(parts.model), summary)
             parts.metrics.hparams(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,25 @@ def test_local_weights_load_except_a_head_of_another_size(tmp_path: Path) -> Non
     torch.save({"conv1.weight": torch.zeros(1)}, tmp_path / "other.pt")
     with pytest.raises(DptError, match="does not fit model=resnet18"):
         resnet((3, 32, 32), 7, "resnet18", weights=str(tmp_path / "other.pt"), channels_last=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_batches_of_only_unreadable_images_are_skipped_and_counted(
+    coco: Path, tmp_path: Path
+) -> None:
+    """Batches of one image (64 px: ResNet-18 trains on one image only with more than one value
+    per channel left): the unreadable ones make empty batches, in training (every rank
+    still takes the step) and in validation. The documented on_bad_image=skip holds."""
+    result = train(
+        tmp_path, "dataset=coco", "model=resnet18", f"dataset.root={coco}",
+        "dataset.image_size=64", "dataset.num_workers=0", "trainer.batch_size=1",
+        "trainer.epochs=1", "trainer.log_every_n_steps=5", "strategy=ddp",
+        timeout=280,
+    )  # fmt: skip
+    assert "2 unreadable samples skipped" in result.stdout
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["bad_samples"] == 2
+    assert metrics["samples"] == 28  # 30 kept train images, 2 unreadable: each trained once
+    assert metrics["val"]["val/samples"] == 11  # 13 kept val images, 2 unreadable
+    assert math.isfinite(metrics["final_loss"])

@@ -45,16 +45,25 @@ class InMemoryDataset(TensorDataset):
         return StackedBatch(inputs[index], labels[index])
 
 
-def collate_drop_bad(samples: Sequence[Any] | StackedBatch) -> Batch:
-    """Stack (input, label) pairs; a dataset returns None for an unreadable sample, counted here."""
-    if isinstance(samples, StackedBatch):
-        return samples.inputs, samples.labels, 0
-    good = [s for s in samples if s is not None]
-    if not good:
-        raise RuntimeError(f"every sample in a batch of {len(samples)} was unreadable")
-    inputs = torch.stack([torch.as_tensor(s[0]) for s in good])
-    labels = torch.as_tensor([int(s[1]) for s in good], dtype=torch.long)
-    return inputs, labels, len(samples) - len(good)
+class DropUnreadable:
+    """The loaders' collate_fn: stacks (input, label) pairs, leaving out the None a dataset
+    returns for an unreadable sample, and counts those. A batch of only unreadable samples is an
+    empty batch of the dataset's input shape: the loop trains on nothing there, but every rank
+    still takes the step (ddp's all-reduce stays in step), and validation skips it."""
+
+    def __init__(self, input_shape: tuple[int, ...]) -> None:
+        self.input_shape = tuple(input_shape)
+
+    def __call__(self, samples: Sequence[Any] | StackedBatch) -> Batch:
+        if isinstance(samples, StackedBatch):
+            return samples.inputs, samples.labels, 0
+        good = [s for s in samples if s is not None]
+        if not good:
+            empty = torch.empty((0, *self.input_shape))
+            return empty, torch.empty(0, dtype=torch.long), len(samples)
+        inputs = torch.stack([torch.as_tensor(s[0]) for s in good])
+        labels = torch.as_tensor([int(s[1]) for s in good], dtype=torch.long)
+        return inputs, labels, len(samples) - len(good)
 
 
 class ShardSampler(Sampler[int]):
@@ -154,7 +163,7 @@ def build_loaders(
     sampler = ResumableSampler(
         data.train, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed
     )
-    common = _loader_options(data.num_workers, env, seed, worker_init_fn)
+    common = _loader_options(data, env, seed, worker_init_fn)
     # drop_last: equal batch sizes on every rank, so the all-reduced mean is the big-batch mean.
     train = DataLoader(data.train, batch_size=batch_size, sampler=sampler, drop_last=True, **common)
     val = None
@@ -165,11 +174,12 @@ def build_loaders(
 
 
 def _loader_options(
-    num_workers: int, env: DistEnv, seed: int, worker_init_fn: Callable[[int], None] | None
+    data: DataModule, env: DistEnv, seed: int, worker_init_fn: Callable[[int], None] | None
 ) -> dict[str, Any]:
+    num_workers = data.num_workers
     options: dict[str, Any] = {
         "num_workers": num_workers,
-        "collate_fn": collate_drop_bad,
+        "collate_fn": DropUnreadable(data.input_shape),
         # Pinned host memory lets the copy to the GPU overlap with compute (non_blocking=True).
         "pin_memory": env.device.type == "cuda",
         # Seeds the workers' RNGs (random crops, flips) from the run's seed.
