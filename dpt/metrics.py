@@ -12,12 +12,13 @@ import logging
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from dpt import dashboard
-from dpt.dashboard import WORLD, TbPlace
+from dpt.dashboard import WORLD
 from dpt.distributed import DistEnv
 
 log = logging.getLogger("dpt")
@@ -61,13 +62,13 @@ class StragglerWatch:
 class MetricsLogger:
     def __init__(
         self,
-        tb: TbPlace,
+        run_dir: Path,
         env: DistEnv,
         log_every_n_steps: int,
         total_steps: int,
         start_step: int = 0,
     ) -> None:
-        self.env, self.tb = env, tb
+        self.env, self.tb = env, dashboard.place(run_dir)
         self.log_every = log_every_n_steps
         self.total_steps = total_steps
         # purge_step drops events a crashed run wrote past the resumed step: curves never fold back.

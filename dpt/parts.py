@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from dpt import checkpoint, dashboard
+from dpt import checkpoint
 from dpt.agreement import Agreement
 from dpt.config import CheckpointConfig, TrainerConfig, build
 from dpt.data.loaders import Loaders, ToDevice, build_loaders
@@ -96,14 +96,11 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
     to_device = ToDevice(env.device, bool(groups.model.get("channels_last", False)))
     resumed = checkpoint.resolve_resume(cfg.checkpoint.resume, run_dir)
     start_step = resumed[1]["step"] if resumed else 0
-    metrics = MetricsLogger(
-        dashboard.place(run_dir), env, t.log_every_n_steps, total_steps, start_step
-    )
     return Parts(
         settings=t, checkpoint=cfg.checkpoint, env=env, run_dir=run_dir, strategy=strategy,
         loaders=loaders, model=model, optimizer=optimizer, scheduler=scheduler,
         precision=precision, to_device=to_device,
-        metrics=metrics,
+        metrics=MetricsLogger(run_dir, env, t.log_every_n_steps, total_steps, start_step),
         agreement=Agreement(env, total_steps, t.on_nonfinite),
         validation=Validation(loaders.val, env, data.num_classes, precision.autocast, to_device),
         early_stopping=EarlyStopping(t.early_stopping, verbose=env.is_main),
