@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from dpt import dashboard
+from dpt.dashboard import WORLD
 from dpt.distributed import DistEnv
 
 log = logging.getLogger("dpt")
@@ -66,12 +68,13 @@ class MetricsLogger:
         total_steps: int,
         start_step: int = 0,
     ) -> None:
-        self.env, self.run_dir = env, run_dir
+        self.env, self.tb = env, dashboard.place(run_dir)
         self.log_every = log_every_n_steps
         self.total_steps = total_steps
         # purge_step drops events a crashed run wrote past the resumed step: curves never fold back.
         self.purge_step = start_step + 1 if start_step else None
         self._writers: dict[str, Any] = {}  # made at the first write: tensorboard imports slowly
+        self._pending: dict[str, list[Any]] = {}  # summaries for a writer not made yet
         self.bar = self._progress_bar(start_step) if env.is_main and sys.stdout.isatty() else None
         self.stragglers = StragglerWatch()
         self.last_world_loss: float | None = None
@@ -170,7 +173,7 @@ class MetricsLogger:
         if self.env.is_main:
             world_scalars = {"train/loss": self.last_world_loss,
                              "train/samples_per_s": world_samples_s, **stragglers}  # fmt: skip
-            self._write("world", world_scalars, step)
+            self._write(WORLD, world_scalars, step)
         log.info(
             f"epoch {epoch + 1} | step {step}/{self.total_steps} | loss {loss:.4f} | "
             f"{mine['samples'] / elapsed:,.0f} samples/s"
@@ -183,15 +186,21 @@ class MetricsLogger:
     def scalars(self, values: dict[str, float], step: int) -> None:
         """Already-aggregated values (e.g. validation): rank 0 writes them to the world folder."""
         if self.env.is_main and values:
-            self._write("world", values, step)
+            self._write(WORLD, values, step)
 
-    def hparams(self, hparams: dict[str, Any], final: dict[str, float]) -> None:
+    def start_session(self, hparams: dict[str, Any]) -> None:
+        """Rank 0: this run's HPARAMS session in the world folder, whose own scalar tags are the
+        session's metrics; the overlay charts; and a single run's experiment."""
         if not self.env.is_main:
             return
-        # run_name="." keeps the hparams in the world folder instead of a timestamped sub-run.
-        self._writer("world").add_hparams(
-            hparams, {f"hparam/{k}": v for k, v in final.items()}, run_name="."
-        )
+        summaries = [dashboard.session_start(hparams), dashboard.overlay_layout()]
+        if self.tb.writes_experiment:
+            summaries.append(dashboard.experiment([hparams]))
+        self._pending[WORLD] = summaries  # not worth the writer's import before the first step
+
+    def end_session(self, ok: bool) -> None:
+        if self.env.is_main:
+            self._add(WORLD, [dashboard.session_end(ok)])
 
     def close(self) -> None:
         if self.bar is not None:
@@ -203,9 +212,16 @@ class MetricsLogger:
         if name not in self._writers:
             from torch.utils.tensorboard import SummaryWriter
 
-            folder = self.run_dir / "tb" / name
+            folder = self.tb.folder / name
             self._writers[name] = SummaryWriter(folder, purge_step=self.purge_step)
+            self._add(name, self._pending.pop(name, []))
         return self._writers[name]
+
+    def _add(self, name: str, summaries: list[Any]) -> None:
+        # Into the folder's one open event file: TensorBoard reads a folder's event files one
+        # after the other and does not go back to an earlier one that still grows.
+        for summary in summaries:
+            self._writer(name).file_writer.add_summary(summary)
 
     def _write(self, name: str, scalars: dict[str, float], step: int) -> None:
         writer = self._writer(name)

@@ -24,6 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dpt.config import VAL_METRICS
+from dpt.dashboard import write_sweep_experiment
 from dpt.errors import Abort, DptError, one_line
 
 STATUS_FILE = "job_status.json"
@@ -76,6 +77,9 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         records = report(sweep_dir, final=True)
+        # The one HPARAMS experiment: every key and the values the jobs gave it.
+        runs = [(r.get("result") or {}).get("hparams") for r in records]
+        write_sweep_experiment(sweep_dir, [hparams for hparams in runs if hparams])
         failed = [r for r in records if r["status"] in FAILED_STATES]
         if failed:
             first = failed[0]

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-from dpt import checkpoint
+from dpt import checkpoint, dashboard
 from dpt.distributed import (
     DistEnv,
     broadcast_object,
@@ -116,9 +116,12 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     if env.is_main:  # where to look, and what `hydra.run.dir=` resumes
         log.info(f"run folder {run_dir}")
     _log_start(parts)
+    hparams = _hparams(cfg, env, parts.global_batch, run_dir)
+    parts.metrics.start_session(hparams)
+    ended: bool | None = False  # the session's end as HPARAMS shows it; None: not over yet
     try:
         result = trainer.fit()
-        summary = _summary(result, env, parts.global_batch)
+        summary = _summary(result, env, parts.global_batch, hparams)
         if env.is_main:
             log.info(
                 f"done: {result.steps} steps in {result.wall_time_s:.1f} s | "
@@ -126,10 +129,13 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
                 f"{_fmt(result.final_loss)} | run folder {run_dir}"
             )
             _write_outputs(run_dir, unwrap(parts.model), summary)
-            parts.metrics.hparams(
-                _hparams(cfg, env, parts.global_batch, run_dir), _final_metrics(summary)
-            )
+        ended = True
+    except Interrupted:
+        ended = None  # stopped to be resumed: the session goes on in the resumed run
+        raise
     finally:
+        if ended is not None:
+            parts.metrics.end_session(ok=ended)
         parts.metrics.close()
     return summary
 
@@ -162,7 +168,9 @@ def _limit_cpu_threads(env: DistEnv) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
 
 
-def _summary(result: TrainResult, env: DistEnv, global_batch: int) -> dict[str, Any]:
+def _summary(
+    result: TrainResult, env: DistEnv, global_batch: int, hparams: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "final_loss": result.final_loss,
         "samples_per_s": result.samples / result.wall_time_s if result.wall_time_s else 0.0,
@@ -175,6 +183,8 @@ def _summary(result: TrainResult, env: DistEnv, global_batch: int) -> dict[str, 
         "stopped_early": result.stopped_early,
         "val": result.val,
         "best_val": result.best_val,
+        # The settings, as in HPARAMS: with the result, the sweep writes its one experiment.
+        "hparams": hparams,
     }
 
 
@@ -186,10 +196,10 @@ def _write_outputs(run_dir: Path, model: torch.nn.Module, summary: dict[str, Any
 
 
 def _hparams(cfg: DictConfig, env: DistEnv, global_batch: int, run_dir: Path) -> dict[str, Any]:
-    flat: dict[str, Any] = {"world_size": env.world_size, "global_batch_size": global_batch}
-    overrides = run_dir / ".hydra" / "overrides.yaml"
-    if overrides.is_file():  # what this job of a sweep changed: the HPARAMS tab's first column
-        flat["overrides"] = " ".join(OmegaConf.load(overrides)) or "(defaults)"
+    """The run's settings as HPARAMS lists them: the config groups' options, the resolved config
+    flat, and what they make (world size, global batch)."""
+    flat: dict[str, Any] = {**dashboard.group_choices(run_dir), "world_size": env.world_size,
+                            "global_batch_size": global_batch}  # fmt: skip
     container = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(container, dict)
     _flatten(container, "", flat)
@@ -205,14 +215,6 @@ def _flatten(node: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
             out[name] = value
         elif value is not None:
             out[name] = str(value)
-
-
-def _final_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    final = {"samples_per_s": summary["samples_per_s"], "wall_time_s": summary["wall_time_s"]}
-    if summary["final_loss"] is not None:
-        final["final_loss"] = summary["final_loss"]
-    final.update(summary["val"])
-    return final
 
 
 def _fmt(value: float | None) -> str:

@@ -197,6 +197,13 @@ def summary(sweep: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def job_tb(sweep: Path, job: int) -> Path:
+    """Job `job`'s TensorBoard folder in a sweep: `<sweep>/tb/<job> <swept key=value,...>/`."""
+    found = [p for p in (sweep / "tb").iterdir() if p.is_dir() and p.name.split(" ")[0] == str(job)]
+    assert len(found) == 1, found
+    return found[0]
+
+
 def compose(*overrides: str) -> Any:
     """The config `train.py` would run with these overrides, composed in this process."""
     from hydra import compose as hydra_compose

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.helpers import summary
+from tests.helpers import job_tb, summary
 from tests.test_sweeps import SHORT_STEPS, multirun
 
 pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
@@ -52,6 +52,6 @@ def test_eight_ddp_jobs_at_once(tmp_path: Path) -> None:
         assert len(found) == 1  # both ranks of a job met at one address...
         ports |= found
         for folder in ("rank0", "rank1", "world"):  # ...and no metric point was lost
-            assert _loss_steps(job_dir / "tb" / folder) == list(range(1, SHORT_STEPS + 1))
+            assert _loss_steps(job_tb(sweep, job) / folder) == list(range(1, SHORT_STEPS + 1))
     assert rank_logs == 2 * JOBS
     assert len(ports) == JOBS  # ...and no two jobs shared one

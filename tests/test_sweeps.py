@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from dpt.sweep import STATUS_FILE, report, write_status
-from tests.helpers import FAST, TRAIN, Result, run_cmd, summary
+from tests.helpers import FAST, TRAIN, Result, job_tb, run_cmd, summary
 
 pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
 
 SHORT_STEPS = 5
 SHORT = [*FAST, f"trainer.max_steps={SHORT_STEPS}"]
-SWEEP_FILES = {"multirun.yaml", "summary.csv", "summary.png"}
+SWEEP_FILES = {"multirun.yaml", "summary.csv", "summary.png", "tb"}
 
 
 def multirun(sweep: Path, *overrides: str, timeout: float = 150, check: bool = True) -> Result:
@@ -28,9 +28,9 @@ def status(job_dir: Path) -> dict:
     return json.loads((job_dir / STATUS_FILE).read_text())
 
 
-def ranks_in(job_dir: Path) -> tuple[list[str], list[str]]:
-    logs = sorted(p.name for p in (job_dir / "logs").iterdir())
-    tb = sorted(p.name for p in (job_dir / "tb").iterdir())
+def ranks_in(sweep: Path, job: int) -> tuple[list[str], list[str]]:
+    logs = sorted(p.name for p in (sweep / str(job) / "logs").iterdir())
+    tb = sorted(p.name for p in job_tb(sweep, job).iterdir())
     return logs, tb
 
 
@@ -47,7 +47,7 @@ def test_two_by_two_sweep_mixing_ddp_and_single(tmp_path: Path) -> None:
     assert {p.name for p in sweep.iterdir()} == {"0", "1", "2", "3", *SWEEP_FILES}
     one = (["rank0.log"], ["rank0", "world"])
     two = (["rank0.log", "rank1.log"], ["rank0", "rank1", "world"])
-    assert [ranks_in(sweep / job) for job in "0123"] == [two, two, one, one]
+    assert [ranks_in(sweep, job) for job in range(4)] == [two, two, one, one]
     rows = summary(sweep)
     assert [(r["job"], r["status"], r["world_size"]) for r in rows] == [
         ("0", "COMPLETED", "2"),
@@ -76,8 +76,8 @@ def test_joblib_runs_two_ddp_jobs_at_once(tmp_path: Path) -> None:
         timeout=200,
     )
     assert {p.name for p in sweep.iterdir()} == {"0", "1", *SWEEP_FILES}
-    for job in "01":
-        assert ranks_in(sweep / job) == (["rank0.log", "rank1.log"], ["rank0", "rank1", "world"])
+    for job in range(2):
+        assert ranks_in(sweep, job) == (["rank0.log", "rank1.log"], ["rank0", "rank1", "world"])
     assert [(r["status"], r["world_size"]) for r in summary(sweep)] == [("COMPLETED", "2")] * 2
     first, second = status(sweep / "0"), status(sweep / "1")
     overlap = min(first["ended_at"], second["ended_at"]) - max(
