@@ -109,10 +109,9 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     run_cfg = RunConfig.of(cfg)
     parts = build_parts(run_cfg, env, run_dir, log_file)
     trainer = Trainer(parts)
-    if parts.resumed is not None:
-        path, state = parts.resumed
-        trainer.load_state_dict(state, path)
-        log.info(f"resumed from {path} at step {state['step']}")
+    resumed = trainer.resume()
+    if resumed is not None:
+        log.info(f"resumed from {resumed.path} at step {resumed.step}")
     _log_start(parts)
     try:
         result = trainer.fit()
