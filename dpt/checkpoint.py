@@ -13,6 +13,7 @@ never by file names; resuming from an older step moves the newer ones aside, int
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -22,7 +23,7 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -218,7 +219,8 @@ def load(path: Path, parts: dict[str, Any]) -> int:
         )
     states = {name: part.state_dict() for name, part in parts.items()}
     try:
-        dcp.load(states, checkpoint_id=path, planner=_PlainLoadPlanner(), no_dist=_no_dist())
+        with _one_process_is_fine():
+            dcp.load(states, checkpoint_id=path, planner=_PlainLoadPlanner(), no_dist=_no_dist())
     except CheckpointException as failed:
         raise _load_failure(path, failed) from failed
     for name, part in parts.items():
@@ -243,14 +245,21 @@ def _load_failure(path: Path, failed: CheckpointException) -> CheckpointError:
         )
     if part and "Missing key" in str(error):
         return CheckpointError(f"checkpoint {path} lacks {part.group(1)}: {_first_line(error)}")
-    return CheckpointError(
-        f"checkpoint {path} is unreadable (cut off or corrupt): {_first_line(error)[:300]}"
-    )
+    first = _first_line(error).split(". ")[0]  # DCP's reader errors run on for lines
+    return CheckpointError(f"checkpoint {path} is unreadable (cut off or corrupt): {first[:300]}")
 
 
 def _cause(failed: CheckpointException) -> BaseException:
     """DCP gathers every rank's exception; the first rank's tells what happened."""
     return next(iter(sorted(failed.failures.items())))[1][0]
+
+
+@contextlib.contextmanager
+def _one_process_is_fine() -> Iterator[None]:
+    """DCP warns on every save and load without a process group, even when told no_dist."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        yield
 
 
 def _no_dist() -> bool:
@@ -287,8 +296,7 @@ class Checkpoints:
         tmp = self.folder / f".{final.name}.tmp-{self.token}"
         state = {**parts, "config": {"yaml": self.config_yaml}}
         try:
-            with warnings.catch_warnings():  # DCP warns that one process is one process
-                warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            with _one_process_is_fine():
                 dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), no_dist=_no_dist())
         except CheckpointException as failed:
             if self.env.is_main:
