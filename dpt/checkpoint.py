@@ -386,8 +386,8 @@ class Checkpoints:
                 log.warning(f"{error}; trying an older one")
         if candidates:
             raise CheckpointError(
-                f"checkpoint.resume=auto: none of the {len(candidates)} checkpoints in "
-                f"{self.folder} loads; set checkpoint.resume=null to start over, or "
+                f"checkpoint.resume=auto: no checkpoint in {self.folder} loads "
+                f"({len(candidates)} tried); set checkpoint.resume=null to start over, or "
                 "checkpoint.resume=<checkpoint folder> to start from one"
             )
         return None

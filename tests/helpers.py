@@ -155,7 +155,7 @@ def committed_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(p.parent for p in (run_dir / "checkpoints").glob("step-*/COMMITTED"))
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
+def read_checkpoint(path: Path, decoded: bool = True) -> dict[str, Any]:
     """A DCP checkpoint folder as one nested dict, its JSON parts decoded (for inspection)."""
     import json
     import tempfile
@@ -165,6 +165,8 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         dcp_to_torch_save(path, Path(tmp) / "state.pt")
         state = torch.load(Path(tmp) / "state.pt", weights_only=True)
+    if not decoded:
+        return state
     return {
         name: json.loads(part["json"]) if isinstance(part, dict) and "json" in part else part
         for name, part in state.items()

@@ -154,7 +154,7 @@ def test_auto_refuses_to_start_over_when_no_checkpoint_loads(tmp_path: Path) -> 
     with pytest.raises(CheckpointError) as refused:
         _checkpoints(tmp_path).resume("auto", _parts())
     assert str(refused.value) == (
-        f"checkpoint.resume=auto: none of the 2 checkpoints in {tmp_path / 'checkpoints'} loads; "
+        f"checkpoint.resume=auto: no checkpoint in {tmp_path / 'checkpoints'} loads (2 tried); "
         "set checkpoint.resume=null to start over, or checkpoint.resume=<checkpoint folder> to "
         "start from one"
     )
