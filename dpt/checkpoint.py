@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import json
 import logging
 import os
@@ -183,14 +184,10 @@ class _PlainLoadPlanner(DefaultLoadPlanner):
     """DCP unpickles non-tensor values with `weights_only=False`; dpt stores only strings, numbers
     and containers of them, so load them as data, never as code."""
 
-    def load_bytes(self, read_item: ReadItem, value: Any) -> None:
-        value = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            from torch.distributed.checkpoint._nested_dict import set_element
-
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], value)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = value
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        torch.load(value, weights_only=True)  # refuses anything but data (the values are small)
+        value.seek(0)
+        super().load_bytes(read_item, value)
 
 
 def stored_keys(path: Path) -> set[str]:

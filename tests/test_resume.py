@@ -176,3 +176,57 @@ def test_sigterm_to_a_ddp_launcher_checkpoints_and_says_how_to_resume(tmp_path: 
     assert "failed" not in stopped.stdout
     resumed = train(run, *common)
     assert f"resumed from {newest}" in resumed.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_checkpoint_cut_off_before_its_commit_is_ignored(tmp_path: Path) -> None:
+    common = [*FAST, "checkpoint.every_n_steps=5"]
+    train(tmp_path, *common, "trainer.max_steps=15")
+    cut = tmp_path / "checkpoints" / "step-00000015"
+    (cut / "COMMITTED").unlink()  # killed between the rename and the marker
+    resumed = train(tmp_path, *common, "trainer.max_steps=20")
+    assert f"resumed from {tmp_path / 'checkpoints' / 'step-00000010'} at step 10" in resumed.stdout
+    # Step 15 is written again on this run's line; the cut-off one is kept aside, not deleted.
+    assert f"{cut} was not a committed checkpoint of this run: moved aside" in resumed.stdout
+    assert (cut / "COMMITTED").exists()
+    assert len(list((tmp_path / "checkpoints").glob("abandoned-*/step-00000015"))) == 1
+
+
+@pytest.mark.timeout(300)
+def test_a_stray_high_numbered_file_does_not_make_saves_delete_themselves(tmp_path: Path) -> None:
+    stray = tmp_path / "checkpoints" / "step-99999999.pt"
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(os.urandom(512))  # unreadable, and "newer" than anything by its name
+    result = train(tmp_path, *FAST, "checkpoint.every_n_steps=2", "checkpoint.keep=2",
+                   "trainer.max_steps=9")  # fmt: skip
+    assert [p.name for p in committed_checkpoints(tmp_path)] == ["step-00000008", "step-00000009"]
+    assert stray.exists()
+    assert result.stdout.count(f"{stray}: not a committed checkpoint; ignored, never deleted") == 1
+
+
+@pytest.mark.timeout(400)
+def test_ddp_rollback_to_an_older_checkpoint_then_auto_continues_the_new_branch(
+    tmp_path: Path,
+) -> None:
+    common = [*FAST, *DDP, *CKPT]
+    ckpts = tmp_path / "checkpoints"
+    train(tmp_path, *common, "trainer.max_steps=15")
+    # Every rank wrote its own part; each rank's generators under its own key.
+    assert len(list((ckpts / "step-00000015").glob("*.distcp"))) == 2
+    assert read_checkpoint(ckpts / "step-00000015")["rng"].keys() == {"rank0", "rank1"}
+    rolled = train(tmp_path, *common, f"checkpoint.resume={ckpts / 'step-00000005'}",
+                   "trainer.max_steps=10")  # fmt: skip
+    aside = list(ckpts.glob("abandoned-*"))
+    assert len(aside) == 1
+    assert sorted(p.name for p in aside[0].iterdir()) == ["step-00000010", "step-00000015"]
+    assert (
+        f"moved 2 newer checkpoint(s) (step-00000010, step-00000015) aside to {aside[0]}: this "
+        "run continues from step 5, and checkpoint.resume=auto follows it"
+    ) in rolled.stdout
+    auto = train(tmp_path, *common, "trainer.max_steps=12")
+    assert f"resumed from {ckpts / 'step-00000010'} at step 10" in auto.stdout
+    assert [p.name for p in committed_checkpoints(tmp_path)] == [
+        "step-00000005",
+        "step-00000010",
+        "step-00000012",
+    ]
