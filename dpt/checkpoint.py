@@ -296,11 +296,10 @@ class Checkpoints:
             with _one_process_is_fine():
                 dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), no_dist=_no_dist())
         except CheckpointException as failed:
+            reason = _write_failure(_cause(failed), self.folder)  # while the disk is still full
             if self.env.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(
-                f"could not write checkpoint {final}: {_write_failure(_cause(failed), tmp.parent)}"
-            ) from failed
+            raise CheckpointError(f"could not write checkpoint {final}: {reason}") from failed
         _barrier()  # every rank's files are written and synced (DCP fsyncs them) before commit
         if self.env.is_main:
             self.commit(tmp, final, step)
@@ -321,10 +320,10 @@ class Checkpoints:
             write_atomically(final / MARKER, lambda f: f.write(marker), "checkpoint marker")
             _fsync(final)
         except (OSError, CheckpointError) as error:
+            cause = error.__cause__ if isinstance(error, CheckpointError) else error
+            reason = _write_failure(cause or error, self.folder)  # while the disk is still full
             for path in (tmp, final):  # never committed: nothing to keep
                 shutil.rmtree(path, ignore_errors=True)
-            cause = error.__cause__ if isinstance(error, CheckpointError) else error
-            reason = _write_failure(cause or error, self.folder)
             raise CheckpointError(f"could not write checkpoint {final}: {reason}") from error
         if replaces:
             self.history.pop()
