@@ -1,46 +1,112 @@
-"""Checkpoints: written atomically by rank 0, read with `weights_only=True`, newest good one wins.
+"""Checkpoints: one folder per checkpoint, written by every rank through DCP, committed by rank 0.
 
-A file in `<run>/checkpoints/` is either complete or absent: it is written to a temporary name,
-flushed and fsynced, then renamed over (`os.replace` is atomic on POSIX). Everything stored is a
-tensor, a number, a string or a container of those, so loading never unpickles code.
+`<run>/checkpoints/step-<8 digits>/` holds DCP's files (each rank writes its own part; replicated
+model and optimizer state once) and, written last, `COMMITTED` (the step and a digest of the
+config). A checkpoint exists only once committed: it is written under a temporary name
+(`.step-<n>.tmp-<pid of rank 0>`), synced, renamed, and only then marked. Anything else in the
+folder is ignored: never counted, never deleted (named once in a warning).
+
+Rotation goes by this run's history, the committed checkpoints in the order they were written,
+never by file names; resuming from an older step moves the newer ones aside, into
+`abandoned-<UTC time>/`, so the history stays one line and `checkpoint.resume=auto` follows it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
+import io
+import json
 import logging
 import os
-import random
 import re
-from collections.abc import Callable
+import shutil
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import numpy as np
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.planner import ReadItem
 
+from dpt.distributed import DistEnv, broadcast_object
 from dpt.errors import DptError
 
 log = logging.getLogger("dpt")
 
-PATTERN = re.compile(r"^step-(\d+)\.pt$")
+MARKER = "COMMITTED"
+NAME = re.compile(r"^step-(\d{8})$")
+TEMPORARY = re.compile(r"^\.step-\d{8}\.tmp-")
+ABANDONED = "abandoned-"
 
 
 class CheckpointError(DptError):
     """A checkpoint that cannot be used: missing, cut off, corrupt, or for another model."""
 
 
+@dataclass(frozen=True)
+class Committed:
+    path: Path
+    step: int
+
+
 def checkpoint_dir(run_dir: Path) -> Path:
     return run_dir / "checkpoints"
 
 
-def save(state: dict[str, Any], folder: Path, step: int, keep: int) -> Path:
-    """Write `step-<step>.pt` atomically, then delete all but the newest `keep` checkpoints."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"step-{step:08d}.pt"
-    write_atomically(path, lambda f: torch.save(state, f), what="checkpoint")
-    for old in list_checkpoints(folder)[:-keep]:
-        old.unlink(missing_ok=True)
-    return path
+def config_digest(config_yaml: str) -> str:
+    return hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
+
+
+# --- what is in the folder ---------------------------------------------------------------------
+
+
+def read_marker(path: Path) -> int | None:
+    """The step a checkpoint folder was committed at; None if it was not (or cannot be read)."""
+    try:
+        step = json.loads((path / MARKER).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    name = NAME.match(path.name)
+    return step if isinstance(step, int) and name and int(name.group(1)) == step else None
+
+
+def committed(folder: Path) -> list[Committed]:
+    """This run's committed checkpoints, oldest first. Only dpt writes markers, and resuming moves
+    any newer branch aside, so within the folder the step order is the order of writing."""
+    found = []
+    for path in _entries(folder):
+        step = read_marker(path) if NAME.match(path.name) else None
+        if step is not None:
+            found.append(Committed(path, step))
+    return sorted(found, key=lambda c: c.step)
+
+
+def strays(folder: Path) -> list[Path]:
+    """Entries that are neither a committed checkpoint, a temporary, nor an abandoned branch."""
+    known = {c.path for c in committed(folder)}
+    return [
+        p
+        for p in _entries(folder)
+        if p not in known and not TEMPORARY.match(p.name) and not p.name.startswith(ABANDONED)
+    ]
+
+
+def _entries(folder: Path) -> list[Path]:
+    try:
+        return sorted(folder.iterdir())
+    except OSError:  # no folder yet (or unreadable: then nothing in it counts)
+        return []
+
+
+# --- writing -----------------------------------------------------------------------------------
 
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], None], what: str) -> None:
@@ -62,6 +128,8 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None], what: str) -
 def _write_failure(error: BaseException, folder: Path) -> str:
     # torch.save reports a full disk as "enforce fail at inline_container.cc ... unexpected pos":
     # name the real cause when the file system is (nearly) out of space.
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return "no space left on device"
     if not isinstance(error, OSError):
         stat = os.statvfs(folder)
         if stat.f_bavail * stat.f_frsize < 64 * 1024:
@@ -69,85 +137,266 @@ def _write_failure(error: BaseException, folder: Path) -> str:
     return _first_line(error)
 
 
-def list_checkpoints(folder: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (by step)."""
-    if not folder.is_dir():
-        return []
-    found = [p for p in folder.iterdir() if PATTERN.match(p.name)]
-    return sorted(found, key=lambda p: int(PATTERN.match(p.name).group(1)))  # type: ignore[union-attr]
-
-
-def load(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint.resume={path}: file not found")
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # truncated zip, bad magic, disallowed global: all unusable
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(folder: Path) -> None:
+    """Every file and then the folder itself on disk: a rename must not outrun its contents."""
+    for path in folder.iterdir():
+        _fsync(path)
+    _fsync(folder)
+
+
+def _remove(path: Path) -> None:
+    """Rename to a temporary name first: a removal cut short leaves nothing that looks committed
+    (the next start cleans temporaries up)."""
+    doomed = path.with_name(f".{path.name}.tmp-removed-{os.getpid()}")
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def clean_temporaries(folder: Path) -> None:
+    """Left by a run that died while writing or removing a checkpoint: never committed."""
+    for path in _entries(folder):
+        if TEMPORARY.match(path.name):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def move_aside(folder: Path, paths: Iterable[Path]) -> Path:
+    """Into `abandoned-<UTC time>/`: kept for a person to look at, out of this run's history."""
+    aside = folder / f"{ABANDONED}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    aside.mkdir(exist_ok=True)
+    for path in paths:
+        os.rename(path, aside / path.name)
+    _fsync(folder)
+    return aside
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+class _PlainLoadPlanner(DefaultLoadPlanner):
+    """DCP unpickles non-tensor values with `weights_only=False`; dpt stores only strings, numbers
+    and containers of them, so load them as data, never as code."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        torch.load(value, weights_only=True)  # refuses anything but data (the values are small)
+        value.seek(0)
+        super().load_bytes(read_item, value)
+
+
+def stored_keys(path: Path) -> set[str]:
+    """The flattened keys a checkpoint holds (`model.net.0.weight`, `rng.rank1.torch`, ...)."""
+    try:
+        return set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+    except Exception as error:  # missing or cut-off `.metadata`, bad pickle: unusable alike
         raise CheckpointError(
             f"checkpoint {path} is unreadable (cut off or corrupt): {_first_line(error)}"
         ) from error
-    if not isinstance(state, dict) or "model" not in state or "step" not in state:
-        raise CheckpointError(f"checkpoint {path} is not a dpt checkpoint (no model/step)")
-    return state
 
 
-def resolve_resume(resume: str | None, run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
-    """`null` -> None; a path -> that checkpoint (must load); `auto` -> the newest checkpoint of
-    this run that loads, skipping (with a warning) any that are cut off or corrupt."""
-    if resume is None:
-        return None
-    if resume != "auto":
-        path = Path(resume)
-        return path, load(path)
-    for path in reversed(list_checkpoints(checkpoint_dir(run_dir))):
-        try:
-            return path, load(path)
-        except CheckpointError as error:
-            log.warning(f"{error}; trying an older one")
-    return None
-
-
-def rng_state() -> dict[str, Any]:
-    """RNG states as tensors and numbers (no numpy objects: weights_only loading)."""
-    np_state = np.random.get_state()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": _plain(random.getstate()),
-        "numpy": {
-            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "gauss": float(np_state[4]),
-        },
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(_tuples(state["python"]))
-    np_state = state["numpy"]
-    np.random.set_state(
-        (
-            "MT19937",
-            np_state["keys"].numpy().astype(np.uint32),
-            np_state["pos"],
-            np_state["has_gauss"],
-            np_state["gauss"],
+def load(path: Path, parts: dict[str, Any]) -> int:
+    """Load every part (all ranks together); returns the step. The parts' own `load_state_dict`
+    runs here rather than inside DCP, so an error names the part."""
+    step = read_marker(path)
+    if step is None:
+        raise CheckpointError(
+            f"checkpoint {path} was never committed (no {MARKER} marker): cut off while written"
         )
-    )
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    present = {key.split(".", 1)[0] for key in stored_keys(path)}
+    missing = [name for name in parts if name not in present]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {path} lacks {', '.join(missing)}: not written by this dpt version"
+        )
+    states = {name: part.state_dict() for name, part in parts.items()}
+    try:
+        with _one_process_is_fine():
+            dcp.load(states, checkpoint_id=path, planner=_PlainLoadPlanner(), no_dist=_no_dist())
+    except CheckpointException as failed:
+        raise _load_failure(path, failed) from failed
+    for name, part in parts.items():
+        try:
+            part.load_state_dict(states[name])
+        except (RuntimeError, ValueError, KeyError) as error:  # e.g. another optimizer
+            raise CheckpointError(
+                f"checkpoint {path} does not fit this {name}: {_first_line(error)[:300]}"
+            ) from error
+    return step
 
 
-def _plain(value: Any) -> Any:
-    return [_plain(v) for v in value] if isinstance(value, tuple | list) else value
+_PART_IN_MESSAGE = re.compile(r"(?:for|state_dict:) (\w+)\.")
 
 
-def _tuples(value: Any) -> Any:
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+def _load_failure(path: Path, failed: CheckpointException) -> CheckpointError:
+    error = _cause(failed)
+    part = _PART_IN_MESSAGE.search(str(error))  # a key missing, a tensor of another shape
+    if isinstance(error, ValueError | RuntimeError) and part and "Size mismatch" in str(error):
+        return CheckpointError(
+            f"checkpoint {path} does not fit this {part.group(1)}: {_first_line(error)[:300]}"
+        )
+    if part and "Missing key" in str(error):
+        return CheckpointError(f"checkpoint {path} lacks {part.group(1)}: {_first_line(error)}")
+    first = _first_line(error).split(". ")[0]  # DCP's reader errors run on for lines
+    return CheckpointError(f"checkpoint {path} is unreadable (cut off or corrupt): {first[:300]}")
+
+
+def _cause(failed: CheckpointException) -> BaseException:
+    """DCP gathers every rank's exception; the first rank's tells what happened."""
+    return next(iter(sorted(failed.failures.items())))[1][0]
+
+
+@contextlib.contextmanager
+def _one_process_is_fine() -> Iterator[None]:
+    """DCP warns on every save and load without a process group, even when told no_dist."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        yield
+
+
+def _no_dist() -> bool:
+    return not (dist.is_available() and dist.is_initialized())
+
+
+def _barrier() -> None:
+    if not _no_dist():
+        dist.barrier()
+
+
+# --- this run's checkpoints --------------------------------------------------------------------
+
+
+class Checkpoints:
+    """Write, commit, rotate and resume this run's checkpoints. Every rank calls `save` and
+    `resume`; the folder's bookkeeping (commit, rotation, moving aside) is rank 0's."""
+
+    def __init__(self, run_dir: Path, env: DistEnv, keep: int, config_yaml: str) -> None:
+        self.folder, self.env, self.keep = checkpoint_dir(run_dir), env, keep
+        self.config_yaml, self.digest = config_yaml, config_digest(config_yaml)
+        if env.is_main:
+            clean_temporaries(self.folder)
+        # One temporary name for all ranks' parts of a checkpoint: rank 0's pid.
+        self.token = broadcast_object(os.getpid(), env)
+        self.history: list[Committed] = []  # rank 0: committed on this run's line, in order
+        self.named: set[Path] = set()  # strays already named in a warning
+
+    # --- saving ---
+
+    def save(self, parts: dict[str, Any], step: int) -> Path:
+        """Every rank writes its part under a temporary name; once all have, rank 0 commits."""
+        final = self.folder / f"step-{step:08d}"
+        tmp = self.folder / f".{final.name}.tmp-{self.token}"
+        state = {**parts, "config": {"yaml": self.config_yaml}}
+        try:
+            with _one_process_is_fine():
+                dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), no_dist=_no_dist())
+        except CheckpointException as failed:
+            reason = _write_failure(_cause(failed), self.folder)  # while the disk is still full
+            if self.env.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"could not write checkpoint {final}: {reason}") from failed
+        _barrier()  # every rank's files are written and synced (DCP fsyncs them) before commit
+        if self.env.is_main:
+            self.commit(tmp, final, step)
+            self.rotate()
+        _barrier()  # no rank races ahead of a checkpoint that is not yet committed
+        return final
+
+    def commit(self, tmp: Path, final: Path, step: int) -> None:
+        """Sync, rename, mark. A second save at one step (the run's last step is also a periodic
+        one; validation ran in between) replaces this run's own checkpoint of that step."""
+        replaces = bool(self.history) and self.history[-1].path == final
+        try:
+            _sync_tree(tmp)
+            self._clear(final, replaces)
+            os.rename(tmp, final)
+            _fsync(self.folder)
+            marker = json.dumps({"step": step, "config_digest": self.digest}).encode()
+            write_atomically(final / MARKER, lambda f: f.write(marker), "checkpoint marker")
+            _fsync(final)
+        except (OSError, CheckpointError) as error:
+            cause = error.__cause__ if isinstance(error, CheckpointError) else error
+            reason = _write_failure(cause or error, self.folder)  # while the disk is still full
+            for path in (tmp, final):  # never committed: nothing to keep
+                shutil.rmtree(path, ignore_errors=True)
+            raise CheckpointError(f"could not write checkpoint {final}: {reason}") from error
+        if replaces:
+            self.history.pop()
+        self.history.append(Committed(final, step))
+
+    def _clear(self, final: Path, replaces: bool) -> None:
+        if not final.exists():
+            return
+        if replaces:
+            _remove(final)  # until the new one is marked, the previous checkpoint is the newest
+            return
+        aside = move_aside(self.folder, [final])  # a commit cut short by a kill, or a stray
+        log.warning(f"{final} was not a committed checkpoint of this run: moved aside to {aside}")
+
+    def rotate(self) -> None:
+        """Keep the newest `keep` of this run's history; the newest is never removed (keep >= 1).
+        A checkpoint whose marker no longer reads back is left in place and named once."""
+        self._name_strays()
+        while len(self.history) > self.keep:
+            old = self.history.pop(0)
+            if read_marker(old.path) != old.step:
+                log.warning(f"left {old.path} in place: cannot read it back as a checkpoint")
+                continue
+            _remove(old.path)
+
+    def _name_strays(self) -> None:
+        for path in strays(self.folder):
+            if path not in self.named:
+                self.named.add(path)
+                log.warning(f"{path}: not a committed checkpoint; ignored, never deleted")
+
+    # --- resuming ---
+
+    def resume(self, resume: str | None, parts: dict[str, Any]) -> Committed | None:
+        """`null` -> start over; a path -> that checkpoint; `auto` -> the newest committed one that
+        loads. Committed checkpoints newer than the start are moved aside (rank 0)."""
+        start = self._load(resume, parts)
+        if self.env.is_main:
+            self._move_newer_aside(start.step if start else 0)
+            self.history = committed(self.folder)
+        return start
+
+    def _load(self, resume: str | None, parts: dict[str, Any]) -> Committed | None:
+        if resume is None:
+            return None
+        if resume != "auto":
+            path = Path(resume)
+            return Committed(path, load(path, parts))
+        # Rank 0's list for all: every rank tries the same checkpoints in the same order.
+        candidates: list[Committed] = broadcast_object(committed(self.folder), self.env)
+        for candidate in reversed(candidates):
+            try:
+                load(candidate.path, parts)  # DCP shares a failure with every rank
+                return candidate
+            except CheckpointError as error:
+                log.warning(f"{error}; trying an older one")
+        if candidates:
+            raise CheckpointError(
+                f"checkpoint.resume=auto: no checkpoint in {self.folder} loads "
+                f"({len(candidates)} tried); set checkpoint.resume=null to start over, or "
+                "checkpoint.resume=<checkpoint folder> to start from one"
+            )
+        return None
+
+    def _move_newer_aside(self, step: int) -> None:
+        newer = [c for c in committed(self.folder) if c.step > step]
+        if newer:
+            aside = move_aside(self.folder, [c.path for c in newer])
+            names = ", ".join(c.path.name for c in newer)
+            log.info(
+                f"moved {len(newer)} newer checkpoint(s) ({names}) aside to {aside}: this run "
+                f"continues from step {step}, and checkpoint.resume=auto follows it"
+            )
 
 
 def _first_line(error: BaseException) -> str:

@@ -412,7 +412,10 @@ def _validate_optimizer(opt: DictConfig) -> None:
 
 def _validate_checkpoint(ck: DictConfig) -> None:
     if ck.resume not in (None, "auto"):  # fail before any worker starts
-        _check(Path(ck.resume).is_file(), "checkpoint.resume", ck.resume, "file not found")
+        path = Path(ck.resume)
+        _check(path.exists(), "checkpoint.resume", ck.resume, "folder not found")
+        _check(path.is_dir(), "checkpoint.resume", ck.resume,
+               "not a checkpoint folder (<run>/checkpoints/step-<8 digits>)")  # fmt: skip
     _check(ck.every_n_steps is None or ck.every_n_steps >= 1, "checkpoint.every_n_steps",
            ck.every_n_steps, "must be >= 1 or null (only at epoch ends)")  # fmt: skip
     _check(ck.keep >= 1, "checkpoint.keep", ck.keep, "must be >= 1")

@@ -20,7 +20,7 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from dpt.checkpoint import checkpoint_dir, list_checkpoints
+from dpt.checkpoint import checkpoint_dir, committed
 from dpt.config import cpu_cores, is_distributed, parse_nproc
 from dpt.errors import DptError
 from dpt.rendezvous import keep_collectives_on_loopback, register_loopback_rendezvous
@@ -131,8 +131,8 @@ def launch_local_world(
 def describe_stop(stopped: Any, run_dir: Path) -> str:
     """The launcher was told to stop; the elastic agent passed the signal on to the ranks, which
     finished their step and wrote a checkpoint."""
-    saved = list_checkpoints(checkpoint_dir(run_dir))
-    where = f"newest checkpoint {saved[-1]}" if saved else "no checkpoint was written"
+    saved = committed(checkpoint_dir(run_dir))
+    where = f"newest checkpoint {saved[-1].path}" if saved else "no checkpoint was written"
     return (
         f"stopped by {signal.Signals(stopped.sigval).name}; {where}. Resume: the same command "
         f"with hydra.run.dir={run_dir} (checkpoint.resume=auto picks the newest checkpoint)"

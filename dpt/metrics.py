@@ -66,16 +66,14 @@ class MetricsLogger:
         env: DistEnv,
         log_every_n_steps: int,
         total_steps: int,
-        start_step: int = 0,
     ) -> None:
         self.env, self.tb = env, dashboard.place(run_dir)
         self.log_every = log_every_n_steps
         self.total_steps = total_steps
-        # purge_step drops events a crashed run wrote past the resumed step: curves never fold back.
-        self.purge_step = start_step + 1 if start_step else None
+        self.purge_step: int | None = None
         self._writers: dict[str, Any] = {}  # made at the first write: tensorboard imports slowly
         self._pending: dict[str, list[Any]] = {}  # summaries for a writer not made yet
-        self.bar = self._progress_bar(start_step) if env.is_main and sys.stdout.isatty() else None
+        self.bar = self._progress_bar() if env.is_main and sys.stdout.isatty() else None
         self.stragglers = StragglerWatch()
         self.last_world_loss: float | None = None
         self.world_samples = 0  # world-wide samples trained in this session
@@ -83,11 +81,18 @@ class MetricsLogger:
         self._since = [0, 0]  # samples trained, unreadable ones skipped: since the last agreement
         self._reset_window()
 
-    def _progress_bar(self, start_step: int) -> Any:
+    def _progress_bar(self) -> Any:
         from tqdm import tqdm
 
-        return tqdm(total=self.total_steps, initial=start_step, unit="step", dynamic_ncols=True,
-                    file=sys.stdout)  # fmt: skip
+        return tqdm(total=self.total_steps, unit="step", dynamic_ncols=True, file=sys.stdout)
+
+    def start_at(self, step: int) -> None:
+        """A resumed run (before the first write): the curves and the bar continue at `step`."""
+        # purge_step drops events a crashed run wrote past the resumed step: curves never fold back.
+        self.purge_step = step + 1
+        if self.bar is not None:
+            self.bar.n = self.bar.initial = step
+            self.bar.refresh()
 
     def _reset_window(self) -> None:
         self._losses: list[torch.Tensor] = []  # per step, on the device: summed at the window end

@@ -13,8 +13,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from dpt import checkpoint
 from dpt.agreement import Agreement
+from dpt.checkpoint import Checkpoints
 from dpt.config import CheckpointConfig, TrainerConfig, build
 from dpt.data.loaders import Loaders, ToDevice, build_loaders
 from dpt.distributed import DistEnv
@@ -69,8 +69,7 @@ class Parts:
     early_stopping: EarlyStopping
     total_steps: int
     global_batch: int
-    config_yaml: str
-    resumed: tuple[Path, dict[str, Any]] | None
+    checkpoints: Checkpoints
 
     @property
     def checkpoint_every(self) -> int:
@@ -94,19 +93,17 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
     scheduler = build(groups.scheduler)(optimizer, total_steps=total_steps)
     precision = Precision(t.precision, env.device)
     to_device = ToDevice(env.device, bool(groups.model.get("channels_last", False)))
-    resumed = checkpoint.resolve_resume(cfg.checkpoint.resume, run_dir)
-    start_step = resumed[1]["step"] if resumed else 0
     return Parts(
         settings=t, checkpoint=cfg.checkpoint, env=env, run_dir=run_dir, strategy=strategy,
         loaders=loaders, model=model, optimizer=optimizer, scheduler=scheduler,
         precision=precision, to_device=to_device,
-        metrics=MetricsLogger(run_dir, env, t.log_every_n_steps, total_steps, start_step),
+        metrics=MetricsLogger(run_dir, env, t.log_every_n_steps, total_steps),
         agreement=Agreement(env, total_steps, t.on_nonfinite),
         validation=Validation(loaders.val, env, data.num_classes, precision.autocast, to_device),
         early_stopping=EarlyStopping(t.early_stopping, verbose=env.is_main),
         total_steps=total_steps,
         global_batch=strategy.global_batch(t.batch_size, env) * t.grad_accum_steps,
-        config_yaml=cfg.yaml, resumed=resumed,
+        checkpoints=Checkpoints(run_dir, env, cfg.checkpoint.keep, cfg.yaml),
     )  # fmt: skip
 
 

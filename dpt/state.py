@@ -1,11 +1,15 @@
 """What a checkpoint holds, as parts: the model, the step count, the data position, the RNGs.
 
 Each part has `state_dict()` / `load_state_dict()` (torch.distributed.checkpoint's `Stateful`), so
-a checkpoint is the dict of every part's state and nothing else needs to know their insides.
+a checkpoint is the dict of every part's state and nothing else needs to know their insides. DCP
+writes tensors as tensors (each rank its own; replicated ones once) and flattens dicts by their
+keys, so a part whose keys are only known once it is filled (best metrics, a scheduler's state) is
+stored as one JSON string (`PlainState`).
 """
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -13,6 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from dpt.models import unwrap
 
@@ -51,23 +61,62 @@ class DataPosition:
 
 class ModelState:
     """The model's weights without its wrappers (DDP, DataParallel, torch.compile), so one
-    checkpoint loads under every strategy."""
+    checkpoint loads under every strategy. DCP's state-dict functions work on the unwrapped module
+    in one process too, and are where sharded models (FSDP) will plug in."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
     def state_dict(self) -> dict[str, Any]:
-        return unwrap(self.model).state_dict()
+        return get_model_state_dict(unwrap(self.model))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        unwrap(self.model).load_state_dict(state)
+        set_model_state_dict(unwrap(self.model), state)
+
+
+class OptimizerState:
+    """The optimizer's state keyed by parameter names (not positions), through DCP."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_optimizer_state_dict(unwrap(self.model), self.optimizer)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_optimizer_state_dict(unwrap(self.model), self.optimizer, state)
+
+
+class PlainState:
+    """A part of plain numbers and strings (scheduler, scaler, progress, ...) as one JSON string:
+    DCP loads into the keys the part has now, and e.g. the best metrics have none before a run."""
+
+    def __init__(self, part: Any) -> None:
+        self.part = part
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"json": json.dumps(self.part.state_dict())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.part.load_state_dict(json.loads(state["json"]))
 
 
 class RNGState:
-    """Python's, NumPy's, torch's (and CUDA's) generators, as tensors and numbers only, so a
-    checkpoint loads with `weights_only=True` (no NumPy objects, no pickled code)."""
+    """This rank's generators (Python's, NumPy's, torch's, CUDA's) under `rank<k>`: they differ per
+    rank (loader workers, dropout), so each rank stores and restores its own. Tensors and numbers
+    only: the stored objects load with `weights_only=True` (no NumPy objects, no pickled code)."""
+
+    def __init__(self, rank: int) -> None:
+        self.key = f"rank{rank}"
 
     def state_dict(self) -> dict[str, Any]:
+        return {self.key: self._generators()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._restore(state[self.key])
+
+    @staticmethod
+    def _generators() -> dict[str, Any]:
         np_state = np.random.get_state()
         state: dict[str, Any] = {
             "torch": torch.get_rng_state(),
@@ -83,7 +132,8 @@ class RNGState:
             state["cuda"] = torch.cuda.get_rng_state_all()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    @staticmethod
+    def _restore(state: dict[str, Any]) -> None:
         torch.set_rng_state(state["torch"])
         random.setstate(_tuples(state["python"]))
         keys = state["numpy"]

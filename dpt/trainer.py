@@ -16,13 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpt import checkpoint
 from dpt.agreement import Verdict
+from dpt.checkpoint import Committed
 from dpt.console import log_epoch
 from dpt.data.loaders import Batch
 from dpt.interrupt import Interrupted, StopRequest, stop_on_signals
 from dpt.parts import Parts
-from dpt.state import DataPosition, ModelState, Progress, RNGState
+from dpt.state import DataPosition, ModelState, OptimizerState, PlainState, Progress, RNGState
 
 
 @dataclass
@@ -192,44 +192,32 @@ class Trainer:
     # --- state --------------------------------------------------------------------------------
 
     def state_parts(self) -> dict[str, Any]:
-        """Everything a checkpoint holds, each with state_dict()/load_state_dict()."""
-        return {
-            "model": ModelState(self.model),
-            "optimizer": self.optimizer,
+        """Everything a checkpoint holds, each with state_dict()/load_state_dict() (DCP's
+        `Stateful`): model and optimizer as tensors, the small parts as plain values."""
+        plain = {
             "scheduler": self.scheduler,
             "scaler": self.precision,
             "progress": self.progress,
             "data_position": self.position,
             "validation": self.parts.validation,
             "early_stopping": self.parts.early_stopping,
-            "rng": RNGState(),
+        }
+        return {
+            "model": ModelState(self.model),
+            "optimizer": OptimizerState(self.model, self.optimizer),
+            **{name: PlainState(part) for name, part in plain.items()},
+            "rng": RNGState(self.parts.env.rank),
         }
 
     def save_checkpoint(self) -> Path | None:
-        """Rank 0 writes; the others wait, so no rank races ahead of a half-written file."""
+        """Every rank writes its part; rank 0 commits once all have (see dpt.checkpoint)."""
         if not self.parts.checkpoint.enabled:
             return None
-        path = None
-        if self.parts.env.is_main:
-            state = {name: part.state_dict() for name, part in self.state_parts().items()}
-            state.update(step=self.progress.step, config=self.parts.config_yaml)
-            folder = checkpoint.checkpoint_dir(self.parts.run_dir)
-            path = checkpoint.save(state, folder, self.progress.step, self.parts.checkpoint.keep)
-        if torch.distributed.is_initialized():
-            torch.distributed.barrier()
-        return path
+        return self.parts.checkpoints.save(self.state_parts(), self.progress.step)
 
-    def load_state_dict(self, state: dict[str, Any], source: Path) -> None:
-        missing = [name for name in self.state_parts() if name not in state]
-        if missing:
-            raise checkpoint.CheckpointError(
-                f"checkpoint {source} lacks {', '.join(missing)}: not written by this dpt version"
-            )
-        for name, part in self.state_parts().items():
-            try:
-                part.load_state_dict(state[name])
-            except RuntimeError as error:  # e.g. weights of another model
-                first = str(error).strip().splitlines()
-                raise checkpoint.CheckpointError(
-                    f"checkpoint {source} does not fit this {name}: {' '.join(first[:2])[:300]}"
-                ) from error
+    def resume(self) -> Committed | None:
+        """Load the checkpoint `checkpoint.resume` picks, if any; the metrics continue there."""
+        start = self.parts.checkpoints.resume(self.parts.checkpoint.resume, self.state_parts())
+        if start is not None:
+            self.parts.metrics.start_at(start.step)
+        return start

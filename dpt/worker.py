@@ -109,12 +109,11 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     run_cfg = RunConfig.of(cfg)
     parts = build_parts(run_cfg, env, run_dir, log_file)
     trainer = Trainer(parts)
-    if parts.resumed is not None:
-        path, state = parts.resumed
-        trainer.load_state_dict(state, path)
-        log.info(f"resumed from {path} at step {state['step']}")
     if env.is_main:  # where to look, and what `hydra.run.dir=` resumes
         log.info(f"run folder {run_dir}")
+    resumed = trainer.resume()
+    if resumed is not None:
+        log.info(f"resumed from {resumed.path} at step {resumed.step}")
     _log_start(parts)
     hparams = _hparams(cfg, env, parts.global_batch, run_dir)
     parts.metrics.start_session(hparams)

@@ -150,6 +150,29 @@ def load_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "model.pt", weights_only=True)
 
 
+def committed_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's committed checkpoint folders, oldest first."""
+    return sorted(p.parent for p in (run_dir / "checkpoints").glob("step-*/COMMITTED"))
+
+
+def read_checkpoint(path: Path, decoded: bool = True) -> dict[str, Any]:
+    """A DCP checkpoint folder as one nested dict, its JSON parts decoded (for inspection)."""
+    import json
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(path, Path(tmp) / "state.pt")
+        state = torch.load(Path(tmp) / "state.pt", weights_only=True)
+    if not decoded:
+        return state
+    return {
+        name: json.loads(part["json"]) if isinstance(part, dict) and "json" in part else part
+        for name, part in state.items()
+    }
+
+
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[k] - b[k]).abs().max().item() for k in a)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from scripts.make_coco_fixture import make_fixture
-from tests.helpers import FAST, REPO, train
+from tests.helpers import FAST, REPO, read_checkpoint, train
 
 CATALOGUE = REPO / "docs" / "errors.md"
 GPU_ROWS = ("GPUs that do not exist",)
@@ -48,16 +49,48 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ann.write_text(ann.read_text()[:500])
     run = root / "mlp_run"
     train(run, *FAST, "trainer.max_steps=2")
-    corrupt = root / "corrupt.pt"
-    corrupt.write_bytes((run / "checkpoints" / "step-00000002.pt").read_bytes()[:3000])
     return {
         "coco": coco,
         "empty_coco": empty,
         "empty_json_coco": empty_json,
         "truncated_coco": truncated,
-        "mlp_checkpoint": run / "checkpoints" / "step-00000002.pt",
-        "corrupt_checkpoint": corrupt,
+        **_checkpoints(root, run / "checkpoints" / "step-00000002"),
     }
+
+
+def _checkpoints(root: Path, good: Path) -> dict[str, Path]:
+    """A good checkpoint folder, and broken copies of it (each under its own step-<n> name)."""
+    copies = {name: root / name / good.name for name in ("corrupt", "uncommitted", "partless")}
+    for copy in copies.values():
+        shutil.copytree(good, copy)
+    data = copies["corrupt"] / "__0_0.distcp"
+    data.write_bytes(data.read_bytes()[:3000])
+    (copies["uncommitted"] / "COMMITTED").unlink()
+    _drop_part(copies["partless"], "early_stopping")
+    unloadable = root / "unloadable_run"
+    shutil.copytree(copies["corrupt"], unloadable / "checkpoints" / good.name)
+    old = root / "step-00000002.pt"  # a file, as checkpoints were before DCP
+    torch.save({}, old)
+    return {
+        "mlp_checkpoint": good,
+        "corrupt_checkpoint": copies["corrupt"],
+        "uncommitted_checkpoint": copies["uncommitted"],
+        "partless_checkpoint": copies["partless"],
+        "unloadable_run": unloadable,
+        "old_checkpoint": old,
+    }
+
+
+def _drop_part(folder: Path, part: str) -> None:
+    """Write the checkpoint again without one part (its marker kept)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = read_checkpoint(folder, decoded=False)
+    del state[part]
+    marker = (folder / "COMMITTED").read_text()
+    shutil.rmtree(folder)
+    dcp.save(state, checkpoint_id=folder, no_dist=True)
+    (folder / "COMMITTED").write_text(marker)
 
 
 def test_the_catalogue_covers_what_the_issue_lists() -> None:
@@ -109,4 +142,4 @@ def test_documented_message(
     if when == "before run":
         assert not run_dir.exists(), "a run folder was made for input rejected up front"
     else:
-        assert not list(run_dir.glob("checkpoints/*.pt")), "left a checkpoint for resume=auto"
+        assert not list(run_dir.glob("checkpoints/step-*")), "left a checkpoint for resume=auto"

@@ -21,6 +21,7 @@ from tests.helpers import (
     assert_no_leftovers,
     free_port,
     load_weights,
+    read_checkpoint,
     run_until,
     train,
 )
@@ -201,12 +202,12 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path:
         )
         assert result.returncode == 1
         assert result.stderr.strip() == (
-            f"Error: could not write checkpoint {run}/checkpoints/step-00000010.pt: "
+            f"Error: could not write checkpoint {run}/checkpoints/step-00000010: "
             "no space left on device"
         )
         kept = list((run / "checkpoints").iterdir())
-        assert [p.name for p in kept] == ["step-00000005.pt"]  # no temporary file left either
-        assert torch.load(kept[0], weights_only=True)["step"] == 5
+        assert [p.name for p in kept] == ["step-00000005"]  # no temporary folder left either
+        assert read_checkpoint(kept[0])["progress"]["step"] == 5
     finally:
         subprocess.run(["umount", str(disk)], check=True)
 

@@ -10,7 +10,15 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.helpers import FAST, Result, load_weights, run_until, train
+from tests.helpers import (
+    FAST,
+    Result,
+    committed_checkpoints,
+    load_weights,
+    read_checkpoint,
+    run_until,
+    train,
+)
 
 pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
 
@@ -40,7 +48,7 @@ def test_ddp_stopped_by_max_steps_resumes_to_the_same_weights(tmp_path: Path, wo
     common = [*FAST, *DDP, *CKPT, f"dataset.num_workers={workers}"]
     train(tmp_path / "full", *common, "trainer.max_steps=40")
     train(tmp_path / "cut", *common, "trainer.max_steps=25")
-    assert (tmp_path / "cut" / "checkpoints" / "step-00000025.pt").exists()
+    assert (tmp_path / "cut" / "checkpoints" / "step-00000025" / "COMMITTED").exists()
     resumed = train(tmp_path / "cut", *common, "trainer.max_steps=40")
     assert "resumed from" in resumed.stdout and "at step 25" in resumed.stdout
     _assert_same_weights(tmp_path / "full", tmp_path / "cut")
@@ -63,8 +71,8 @@ def test_ddp_killed_mid_training_resumes_to_the_same_weights(tmp_path: Path) -> 
     killed = _run_until(tmp_path / "cut", common, "[rank 0] epoch 1 | step 10/40", signal.SIGKILL)
     assert killed.returncode == -signal.SIGKILL
     assert not (tmp_path / "cut" / "model.pt").exists()  # it really died before the end
-    left = sorted(p.name for p in (tmp_path / "cut" / "checkpoints").glob("step-*.pt"))
-    assert left and left[-1] < "step-00000040.pt"
+    left = [p.name for p in committed_checkpoints(tmp_path / "cut")]
+    assert left and left[-1] < "step-00000040"
     resumed = train(tmp_path / "cut", *common)
     assert "resumed from" in resumed.stdout
     _assert_same_weights(tmp_path / "full", tmp_path / "cut")
@@ -84,7 +92,7 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes(tmp_path: Pat
     step = int(message.split("after step ")[1].split(";")[0])
     assert 10 <= step < 60
     assert step % 5 == 0 or step == 32  # ranks agree at log steps and at the epoch's last step
-    assert (tmp_path / "cut" / "checkpoints" / f"step-{step:08d}.pt").exists()
+    assert (tmp_path / "cut" / "checkpoints" / f"step-{step:08d}" / "COMMITTED").exists()
     train(tmp_path / "cut", *common)
     _assert_same_weights(tmp_path / "full", tmp_path / "cut")
 
@@ -95,10 +103,10 @@ def test_truncated_or_corrupt_checkpoint_is_refused_and_auto_falls_back(tmp_path
     common = [*FAST, "trainer.log_every_n_steps=5", "checkpoint.every_n_steps=5"]
     train(run, *common, "trainer.max_steps=15")
     ckpts = run / "checkpoints"
-    newest = ckpts / "step-00000015.pt"
-    data = newest.read_bytes()
-    newest.write_bytes(data[: len(data) // 2])  # cut off mid-write
-    (ckpts / "step-00000010.pt").write_bytes(os.urandom(4096))  # corrupt
+    newest = ckpts / "step-00000015"
+    data = (newest / "__0_0.distcp").read_bytes()
+    (newest / "__0_0.distcp").write_bytes(data[: len(data) // 2])  # its data cut off
+    (ckpts / "step-00000010" / ".metadata").write_bytes(os.urandom(4096))  # corrupt
 
     explicit = train(
         tmp_path / "other",
@@ -114,24 +122,22 @@ def test_truncated_or_corrupt_checkpoint_is_refused_and_auto_falls_back(tmp_path
 
     auto = train(run, *common, "trainer.max_steps=20")
     assert f"checkpoint {newest} is unreadable (cut off or corrupt)" in auto.stdout
-    assert f"resumed from {ckpts / 'step-00000005.pt'} at step 5" in auto.stdout
+    assert f"resumed from {ckpts / 'step-00000005'} at step 5" in auto.stdout
 
 
 @pytest.mark.timeout(120)
 def test_resume_path_that_does_not_exist(tmp_path: Path) -> None:
-    result = train(tmp_path / "run", *FAST, "checkpoint.resume=/nonexistent/step-1.pt", check=False)
+    result = train(tmp_path / "run", *FAST, "checkpoint.resume=/nonexistent/step-1", check=False)
     assert result.returncode == 1
-    assert result.stderr.strip() == (
-        "Error: checkpoint.resume=/nonexistent/step-1.pt: file not found"
-    )
+    assert result.stderr.strip() == "Error: checkpoint.resume=/nonexistent/step-1: folder not found"
 
 
 @pytest.mark.timeout(120)
 def test_checkpoints_keep_only_the_newest(tmp_path: Path) -> None:
     train(tmp_path, *FAST, "checkpoint.every_n_steps=2", "checkpoint.keep=2", "trainer.max_steps=9")
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert names == ["step-00000008.pt", "step-00000009.pt"]  # 9: the end of a cut-short epoch
-    state = torch.load(tmp_path / "checkpoints" / names[-1], weights_only=True)
+    assert names == ["step-00000008", "step-00000009"]  # 9: the end of a cut-short epoch
+    state = read_checkpoint(tmp_path / "checkpoints" / names[-1])
     assert {
         "model",
         "optimizer",
@@ -145,7 +151,8 @@ def test_checkpoints_keep_only_the_newest(tmp_path: Path) -> None:
         "config",
     } <= state.keys()
     assert state["progress"]["step"] == 9 and state["data_position"]["step_in_epoch"] == 9
-    assert "strategy:" in state["config"]
+    assert "strategy:" in state["config"]["yaml"]
+    assert state["rng"].keys() == {"rank0"}  # each rank its own generators
 
 
 @pytest.mark.timeout(300)
@@ -159,7 +166,7 @@ def test_sigterm_to_a_ddp_launcher_checkpoints_and_says_how_to_resume(tmp_path: 
         lambda proc, _: os.kill(proc.pid, signal.SIGTERM),
     )  # the launcher only
     assert stopped.returncode == 1
-    saved = sorted((run / "checkpoints").glob("step-*.pt"))
+    saved = committed_checkpoints(run)
     assert saved, stopped.output
     newest = saved[-1]
     assert stopped.stderr.strip() == (
@@ -169,3 +176,57 @@ def test_sigterm_to_a_ddp_launcher_checkpoints_and_says_how_to_resume(tmp_path: 
     assert "failed" not in stopped.stdout
     resumed = train(run, *common)
     assert f"resumed from {newest}" in resumed.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_checkpoint_cut_off_before_its_commit_is_ignored(tmp_path: Path) -> None:
+    common = [*FAST, "checkpoint.every_n_steps=5"]
+    train(tmp_path, *common, "trainer.max_steps=15")
+    cut = tmp_path / "checkpoints" / "step-00000015"
+    (cut / "COMMITTED").unlink()  # killed between the rename and the marker
+    resumed = train(tmp_path, *common, "trainer.max_steps=20")
+    assert f"resumed from {tmp_path / 'checkpoints' / 'step-00000010'} at step 10" in resumed.stdout
+    # Step 15 is written again on this run's line; the cut-off one is kept aside, not deleted.
+    assert f"{cut} was not a committed checkpoint of this run: moved aside" in resumed.stdout
+    assert (cut / "COMMITTED").exists()
+    assert len(list((tmp_path / "checkpoints").glob("abandoned-*/step-00000015"))) == 1
+
+
+@pytest.mark.timeout(300)
+def test_a_stray_high_numbered_file_does_not_make_saves_delete_themselves(tmp_path: Path) -> None:
+    stray = tmp_path / "checkpoints" / "step-99999999.pt"
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(os.urandom(512))  # unreadable, and "newer" than anything by its name
+    result = train(tmp_path, *FAST, "checkpoint.every_n_steps=2", "checkpoint.keep=2",
+                   "trainer.max_steps=9")  # fmt: skip
+    assert [p.name for p in committed_checkpoints(tmp_path)] == ["step-00000008", "step-00000009"]
+    assert stray.exists()
+    assert result.stdout.count(f"{stray}: not a committed checkpoint; ignored, never deleted") == 1
+
+
+@pytest.mark.timeout(400)
+def test_ddp_rollback_to_an_older_checkpoint_then_auto_continues_the_new_branch(
+    tmp_path: Path,
+) -> None:
+    common = [*FAST, *DDP, *CKPT]
+    ckpts = tmp_path / "checkpoints"
+    train(tmp_path, *common, "trainer.max_steps=15")
+    # Every rank wrote its own part; each rank's generators under its own key.
+    assert len(list((ckpts / "step-00000015").glob("*.distcp"))) == 2
+    assert read_checkpoint(ckpts / "step-00000015")["rng"].keys() == {"rank0", "rank1"}
+    rolled = train(tmp_path, *common, f"checkpoint.resume={ckpts / 'step-00000005'}",
+                   "trainer.max_steps=10")  # fmt: skip
+    aside = list(ckpts.glob("abandoned-*"))
+    assert len(aside) == 1
+    assert sorted(p.name for p in aside[0].iterdir()) == ["step-00000010", "step-00000015"]
+    assert (
+        f"moved 2 newer checkpoint(s) (step-00000010, step-00000015) aside to {aside[0]}: this "
+        "run continues from step 5, and checkpoint.resume=auto follows it"
+    ) in rolled.stdout
+    auto = train(tmp_path, *common, "trainer.max_steps=12")
+    assert f"resumed from {ckpts / 'step-00000010'} at step 10" in auto.stdout
+    assert [p.name for p in committed_checkpoints(tmp_path)] == [
+        "step-00000005",
+        "step-00000010",
+        "step-00000012",
+    ]

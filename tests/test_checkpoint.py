@@ -1,0 +1,170 @@
+"""Commit, rotation and rollback of checkpoints, in this process (no ranks started): fast."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dpt.checkpoint import MARKER, CheckpointError, Checkpoints, committed, strays
+from dpt.distributed import DistEnv
+from dpt.state import PlainState, Progress
+
+CPU1 = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
+
+
+class Weights:
+    """A tensor part, like the model's."""
+
+    def __init__(self) -> None:
+        self.w = torch.zeros(3)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"w": self.w}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.w.copy_(state["w"])
+
+
+def _parts(step: int = 0) -> dict[str, Any]:
+    weights, progress = Weights(), Progress(step=step)
+    weights.w.fill_(step)
+    return {"weights": weights, "progress": PlainState(progress)}
+
+
+def _checkpoints(run: Path, keep: int = 2) -> Checkpoints:
+    return Checkpoints(run, CPU1, keep, config_yaml="a: 1\n")
+
+
+def _save(ckpts: Checkpoints, *steps: int) -> None:
+    for step in steps:
+        ckpts.save(_parts(step), step)
+
+
+def _names(run: Path) -> list[str]:
+    return [c.path.name for c in committed(run / "checkpoints")]
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_checkpoint_is_a_committed_folder_and_loads_back(tmp_path: Path) -> None:
+    ckpts = _checkpoints(tmp_path)
+    ckpts.resume("auto", _parts())  # nothing there yet: a fresh start
+    _save(ckpts, 3)
+    folder = tmp_path / "checkpoints" / "step-00000003"
+    assert json.loads((folder / MARKER).read_text())["step"] == 3
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+    parts = _parts()
+    start = _checkpoints(tmp_path).resume("auto", parts)
+    assert start is not None and (start.path, start.step) == (folder, 3)
+    assert torch.equal(parts["weights"].w, torch.full((3,), 3.0))
+    assert parts["progress"].part.step == 3
+
+
+def test_rotation_keeps_the_newest_and_ignores_strays(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    (folder / "step-99999999.pt").write_bytes(b"\x00garbage")  # a high-numbered stray file
+    (folder / "step-99999998").mkdir()  # a folder named like a checkpoint, never committed
+    ckpts = _checkpoints(tmp_path, keep=1)
+    ckpts.resume("auto", _parts())
+    _save(ckpts, 1, 2, 3)
+    assert _names(tmp_path) == ["step-00000003"]  # the new save never deletes itself
+    assert {p.name for p in strays(folder)} == {"step-99999999.pt", "step-99999998"}
+    named = [w for w in _warnings(caplog) if "not a committed checkpoint" in w]
+    assert len(named) == 2 and any("step-99999999.pt" in w for w in named)  # each once
+
+
+def test_rotation_never_deletes_what_it_cannot_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ckpts = _checkpoints(tmp_path, keep=1)
+    ckpts.resume("auto", _parts())
+    _save(ckpts, 1)
+    marker = tmp_path / "checkpoints" / "step-00000001" / MARKER
+    marker.write_text("{not json")  # changed under the run: not provably this run's any more
+    _save(ckpts, 2, 3)
+    assert (tmp_path / "checkpoints" / "step-00000001").is_dir()
+    assert _names(tmp_path) == ["step-00000003"]
+    left = [w for w in _warnings(caplog) if "left " in w]
+    assert len(left) == 1 and "step-00000001" in left[0]
+
+
+def test_a_checkpoint_without_marker_is_ignored_and_temporaries_cleaned(tmp_path: Path) -> None:
+    ckpts = _checkpoints(tmp_path, keep=3)
+    ckpts.resume("auto", _parts())
+    _save(ckpts, 1, 2)
+    (tmp_path / "checkpoints" / "step-00000002" / MARKER).unlink()  # cut off before the marker
+    stale = tmp_path / "checkpoints" / ".step-00000003.tmp-4242"  # a dead run's temporary
+    stale.mkdir()
+    parts = _parts()
+    start = _checkpoints(tmp_path, keep=3).resume("auto", parts)
+    assert start is not None and start.step == 1
+    assert not stale.exists()
+
+
+def test_the_same_step_saved_twice_replaces_the_first(tmp_path: Path) -> None:
+    ckpts = _checkpoints(tmp_path)
+    ckpts.resume(None, _parts())
+    _save(ckpts, 1, 2)
+    ckpts.save(_parts(7), 2)  # the run's last step is also a periodic one: saved again
+    parts = _parts()
+    _checkpoints(tmp_path).resume("auto", parts)
+    assert _names(tmp_path) == ["step-00000001", "step-00000002"]
+    assert torch.equal(parts["weights"].w, torch.full((3,), 7.0))
+
+
+def test_rollback_moves_the_newer_branch_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "dpt")
+    ckpts = _checkpoints(tmp_path, keep=5)
+    ckpts.resume(None, _parts())
+    _save(ckpts, 1, 2, 3, 4)
+    older = tmp_path / "checkpoints" / "step-00000002"
+    rolled = _checkpoints(tmp_path, keep=5)
+    assert rolled.resume(str(older), _parts()) is not None
+    aside = list((tmp_path / "checkpoints").glob("abandoned-*"))
+    assert len(aside) == 1 and sorted(p.name for p in aside[0].iterdir()) == [
+        "step-00000003",
+        "step-00000004",
+    ]
+    moved = [r.getMessage() for r in caplog.records if "moved 2 newer" in r.getMessage()]
+    assert len(moved) == 1 and str(aside[0]) in moved[0]
+    _save(rolled, 3)  # the new branch: no clash with the old step 3
+    start = _checkpoints(tmp_path).resume("auto", _parts())
+    assert start is not None and start.step == 3
+    assert _names(tmp_path) == ["step-00000001", "step-00000002", "step-00000003"]
+
+
+def test_auto_refuses_to_start_over_when_no_checkpoint_loads(tmp_path: Path) -> None:
+    ckpts = _checkpoints(tmp_path)
+    ckpts.resume(None, _parts())
+    _save(ckpts, 1, 2)
+    for c in committed(tmp_path / "checkpoints"):
+        (c.path / ".metadata").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError) as refused:
+        _checkpoints(tmp_path).resume("auto", _parts())
+    assert str(refused.value) == (
+        f"checkpoint.resume=auto: no checkpoint in {tmp_path / 'checkpoints'} loads (2 tried); "
+        "set checkpoint.resume=null to start over, or checkpoint.resume=<checkpoint folder> to "
+        "start from one"
+    )
+
+
+def test_a_checkpoint_missing_a_part_is_named(tmp_path: Path) -> None:
+    ckpts = _checkpoints(tmp_path)
+    ckpts.resume(None, _parts())
+    _save(ckpts, 1)
+    path = tmp_path / "checkpoints" / "step-00000001"
+    parts = {**_parts(), "early_stopping": PlainState(Progress())}
+    with pytest.raises(CheckpointError, match=r"lacks early_stopping: not written by this dpt"):
+        _checkpoints(tmp_path).resume(str(path), parts)
