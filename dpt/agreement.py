@@ -60,8 +60,9 @@ class Agreement:
         self._losses = []
         bad = ~torch.isfinite(losses)
         i = torch.argmax(bad.int())  # the first non-finite one, or 0
+        # Reading back waits for nothing new: the metrics payload, read just before, waited.
         found, index, loss = torch.stack([bad[i].float(), i.float(), losses[i]]).tolist()
-        return (self._first_step + int(index), loss) if found else (0, 0.0)  # ^ waits: once
+        return (self._first_step + int(index), loss) if found else (0, 0.0)
 
     def agree(self, stop: StopRequest, payload: list[float]) -> Verdict:
         """One collective: ranks agree on the earliest non-finite loss and on stopping, and see

@@ -132,7 +132,7 @@ class MetricsLogger:
             norms = self._grad_norms or [torch.zeros((), device=self.env.device)]
             sums = torch.stack([torch.stack(self._losses).float().sum(),
                                 torch.stack(norms).float().sum()])  # fmt: skip
-            loss_sum, grad_sum = sums.tolist()  # the window's one wait for the device
+            loss_sum, grad_sum = sums.tolist()  # the window's wait for the device
         elapsed = time.perf_counter() - self._window_start
         return [*self._since, loss_sum, grad_sum, self._steps, self._samples, elapsed,
                 self._data_s, self._work_s]  # fmt: skip
@@ -229,6 +229,10 @@ class MetricsLogger:
             self._writer(name).file_writer.add_summary(summary)
 
     def _write(self, name: str, scalars: dict[str, float], step: int) -> None:
-        writer = self._writer(name)
-        for tag, value in scalars.items():
-            writer.add_scalar(tag, value, step)
+        """All of a window's scalars as one event: `add_scalar` would write one event per tag
+        (about 70 us each, most of what logging costs per window)."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from torch.utils.tensorboard.summary import scalar
+
+        values = [v for tag, value in scalars.items() for v in scalar(tag, value).value]
+        self._writer(name).file_writer.add_summary(Summary(value=values), step)
