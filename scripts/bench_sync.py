@@ -46,6 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from dpt.agreement import Agreement
+from dpt.cli import compose_from_argv
 from dpt.data.loaders import build_loaders
 from dpt.data.synthetic import SyntheticData
 from dpt.distributed import DistEnv, env_from_environment, init_process_group
@@ -159,9 +160,17 @@ def _build(spec: SyncModel) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
         model: nn.Module = MLP((32,), 10, [256, 256])
         inputs = torch.randn(spec.batch_size, 32)
     else:
-        model = resnet((3, spec.image_size, spec.image_size), 10, arch=spec.name)
+        size = (3, spec.image_size, spec.image_size)
+        model = resnet(size, 10, arch=spec.name, weights=None, channels_last=False)
         inputs = torch.randn(spec.batch_size, 3, spec.image_size, spec.image_size)
     return model, inputs, torch.randint(0, 10, (spec.batch_size,))
+
+
+def dpt_ddp_options() -> dict[str, Any]:
+    """`strategy=ddp` as dpt composes it (dpt/conf/strategy/ddp.yaml): the variants change one
+    option each."""
+    node = compose_from_argv(["strategy=ddp"]).strategy
+    return {k: v for k, v in node.items() if not str(k).startswith("_")}
 
 
 def sync_of(spec: SyncModel, env: DistEnv) -> dict[str, Any]:
@@ -169,8 +178,10 @@ def sync_of(spec: SyncModel, env: DistEnv) -> dict[str, Any]:
     numel = sum(p.numel() for p in model.parameters())
     flat = torch.zeros(numel)
 
+    defaults = dpt_ddp_options()
+
     def wrap(**options: Any) -> nn.Module:
-        return DDP(**options).wrap(copy.deepcopy(model), env)
+        return DDP(**{**defaults, **options}).wrap(copy.deepcopy(model), env)
 
     def timed(**options: Any) -> tuple[nn.Module, BucketTimer]:
         ddp, timer = wrap(**options), BucketTimer()
@@ -311,7 +322,8 @@ def fetch_costs(calls: int) -> dict[str, Stat]:
     """Microseconds to fetch one MLP batch of 64, alternating block by block: dpt's train
     loader (`InMemoryDataset`: one indexing op per batch) against the plain loop's
     `DataLoader(TensorDataset)` (a `__getitem__` per sample, then `default_collate`)."""
-    data = SyntheticData(num_samples=8192, num_val_samples=0, input_dim=32, num_classes=10)
+    data = SyntheticData(num_samples=8192, num_val_samples=0, input_dim=32, num_classes=10,
+                         num_workers=0, seed=0)  # fmt: skip
     one = DistEnv(0, 0, 1, 1, torch.device("cpu"))
     plain = TensorDataset(*data.train.tensors)
     sampler = DistributedSampler(plain, num_replicas=1, rank=0, shuffle=True, seed=0)

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from bench_common import FIRST_STEP_ENV, REPO  # REPO: puts this checkout's dpt on sys.path
+from bench_common import FIRST_STEP_ENV  # importing it puts this checkout's dpt on sys.path
 from omegaconf import DictConfig
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from dpt.cli import run, task
+from dpt.cli import CONFIG_NAME, CONFIG_PATH, run, task
 
 
 def _stamp_first_step(path: Path) -> None:
@@ -41,7 +41,7 @@ if os.environ.get(FIRST_STEP_ENV):
 
 
 # train.py's entry point, defined here so that this file stays the main module the workers import.
-@hydra.main(config_path=str(REPO / "conf"), config_name="config", version_base="1.3")
+@hydra.main(config_path=CONFIG_PATH, config_name=CONFIG_NAME, version_base="1.3")
 def main(cfg: DictConfig) -> Any:
     return task(cfg)
 

@@ -229,15 +229,9 @@ def job_tb(sweep: Path, job: int) -> Path:
 
 def compose(*overrides: str) -> Any:
     """The config `train.py` would run with these overrides, composed in this process."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
+    from dpt.cli import compose_from_argv
 
-    from dpt.cli import CONFIG_NAME, CONFIG_PATH
-    from dpt.config import register_configs
-
-    register_configs()
-    with initialize_config_module(CONFIG_PATH.removeprefix("pkg://"), version_base="1.3"):
-        return hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
+    return compose_from_argv(list(overrides))
 
 
 @contextlib.contextmanager
