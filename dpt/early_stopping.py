@@ -19,10 +19,6 @@ class EarlyStopping:
         self.best: float | None = None
         self.stale_epochs = 0
 
-    @property
-    def enabled(self) -> bool:
-        return self.settings.patience is not None
-
     def should_stop(self, val: dict[str, float]) -> bool:
         """Called once per epoch with the world's validation metrics (the same on every rank)."""
         es = self.settings
