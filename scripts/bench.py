@@ -42,7 +42,7 @@ SECTIONS = ("loops", "startup", "pipeline", "sync", "gpu")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smoke run: 1 round, MLP only, few steps")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 round, MLP only, one cadence, few steps")
     p.add_argument("--out", type=Path, default=REPO / "docs", help="where the report goes")
     p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
     p.add_argument("--rounds", type=int, default=None, help="A/B rounds (default 3, quick 1)")
@@ -81,8 +81,8 @@ def workloads(quick: bool, device: str) -> list[Workload]:
     mlp = Workload(
         "mlp", batch_size=64, warmup_steps=50, steps=550, device=device, num_samples=64 * 200
     )
-    if quick:
-        return [replace(mlp, warmup_steps=50, steps=150, log_every=every) for every in LOG_EVERY]
+    if quick:  # a smoke run of every code path: one cadence is enough
+        return [replace(mlp, warmup_steps=50, steps=150, log_every=LOG_EVERY[0])]
     resnet = Workload(
         "resnet18", 8, warmup_steps=10, steps=30, image_size=32, device=device,
         num_samples=8 * 100,
