@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-from dpt import checkpoint, dashboard
+from dpt import checkpoint, dashboard, resume_apply
 from dpt.distributed import (
     DistEnv,
     broadcast_object,
@@ -111,9 +111,15 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     trainer = Trainer(parts)
     if env.is_main:  # where to look, and what `hydra.run.dir=` resumes
         log.info(f"run folder {run_dir}")
+    configured = resume_apply.Settings.of(parts.optimizer, parts.scheduler)
     resumed = trainer.resume()
     if resumed is not None:
         log.info(f"resumed from {resumed.path} at step {resumed.step}")
+        resume_apply.apply(configured, parts.optimizer, parts.scheduler, resumed.changes)
+        finished = _finished(run_dir, resumed, parts.total_steps, env)
+        if finished is not None:
+            parts.metrics.close()
+            return finished
     _log_start(parts)
     hparams = _hparams(cfg, env, parts.global_batch, run_dir)
     parts.metrics.start_session(hparams)
@@ -136,6 +142,33 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         if ended is not None:
             parts.metrics.end_session(ok=ended)
         parts.metrics.close()
+    return summary
+
+
+def _finished(
+    run_dir: Path, resumed: checkpoint.Committed, total_steps: int, env: DistEnv
+) -> dict[str, Any] | None:
+    """A run folder whose run is over (its results written, its newest checkpoint at the end or
+    where early stopping ended it): nothing to train, nothing to overwrite. Its summary, as the
+    run returned it; None when there is training left."""
+    try:
+        summary = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None  # no results yet: the run is not over (or was cut off before writing them)
+    stopped_early = bool(summary.get("stopped_early")) and summary.get("steps") == resumed.step
+    if resumed.step < total_steps and not stopped_early:
+        return None
+    if env.is_main:
+        how, knob = (
+            ("stopped early at", "trainer.early_stopping.patience")
+            if resumed.step < total_steps
+            else ("trained to", "trainer.max_steps or trainer.epochs")
+        )
+        log.info(
+            f"run folder {run_dir} is complete ({how} step {resumed.step} of {total_steps}); "
+            f"nothing overwritten. To train further, raise {knob} (checkpoint.resume=auto "
+            f"continues from step {resumed.step}), or start a new run folder (hydra.run.dir=...)"
+        )
     return summary
 
 
