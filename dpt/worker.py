@@ -22,7 +22,7 @@ from dpt.distributed import (
     env_from_environment,
     init_process_group,
 )
-from dpt.errors import DptError, one_line
+from dpt.errors import DptError, could_not_write, is_disk_full, one_line
 from dpt.interrupt import Interrupted
 from dpt.logs import TRACE_LOGGER_NAME, setup_logging
 from dpt.models import unwrap
@@ -45,12 +45,24 @@ def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         roll_call.start_answering()
         return _run(OmegaConf.create(cfg_dict), Path(run_dir), env)
     except Exception as error:
+        reported = _disk_full(error, run_dir)
         if "TORCHELASTIC_ERROR_FILE" not in os.environ:
-            raise  # in-process: the caller reports it
-        _exit_reporting(error, cfg_dict["trainer"]["timeout_s"], roll_call)
+            if reported is error:
+                raise  # in-process: the caller reports it
+            raise reported from error
+        _exit_reporting(reported, cfg_dict["trainer"]["timeout_s"], roll_call)
     finally:
         roll_call.stop_answering()
         destroy_process_group()
+
+
+def _disk_full(error: Exception, run_dir: str) -> Exception:
+    """A full disk under TensorBoard, the log or any other write: one line naming the file (or
+    the run folder, when the failed write names none), not the writer's traceback."""
+    if is_disk_full(error):
+        assert isinstance(error, OSError)
+        return DptError(could_not_write(run_dir, error))
+    return error
 
 
 PEER_FAILURE_GRACE_S = 2.0
