@@ -221,9 +221,8 @@ def read_config(path: Path) -> str | None:
     return state["config"]["yaml"]
 
 
-def load(path: Path, parts: dict[str, Any]) -> int:
-    """Load every part (all ranks together); returns the step. The parts' own `load_state_dict`
-    runs here rather than inside DCP, so an error names the part."""
+def check(path: Path, parts: dict[str, Any]) -> int:
+    """The step of a committed checkpoint that holds every part; nothing is loaded yet."""
     step = read_marker(path)
     if step is None:
         raise CheckpointError(
@@ -235,6 +234,13 @@ def load(path: Path, parts: dict[str, Any]) -> int:
         raise CheckpointError(
             f"checkpoint {path} lacks {', '.join(missing)}: not written by this dpt version"
         )
+    return step
+
+
+def load(path: Path, parts: dict[str, Any]) -> int:
+    """Load every part (all ranks together); returns the step. The parts' own `load_state_dict`
+    runs here rather than inside DCP, so an error names the part."""
+    step = check(path, parts)
     states = {name: part.state_dict() for name, part in parts.items()}
     try:
         with _one_process_is_fine():
@@ -406,12 +412,14 @@ class Checkpoints:
             return None
         if resume != "auto":
             path = Path(resume)
+            check(path, parts)  # cut off or incomplete: said as such, before any comparison
             changes = self._compare(path, self._stored_config(path))
             return Committed(path, load(path, parts), changes)
         # Rank 0's list for all: every rank tries the same checkpoints in the same order.
         candidates: list[Committed] = broadcast_object(committed(self.folder), self.env)
         for candidate in reversed(candidates):
             try:
+                check(candidate.path, parts)
                 stored = self._stored_config(candidate.path)
             except CheckpointError as error:
                 log.warning(f"{error}; trying an older one")
