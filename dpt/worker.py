@@ -123,15 +123,10 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     trainer = Trainer(parts)
     if env.is_main:  # where to look, and what `hydra.run.dir=` resumes
         log.info(f"run folder {run_dir}")
-    configured = resume_apply.Settings.of(parts.optimizer, parts.scheduler)
-    resumed = trainer.resume()
-    if resumed is not None:
-        log.info(f"resumed from {resumed.path} at step {resumed.step}")
-        resume_apply.apply(configured, parts.optimizer, parts.scheduler, resumed.changes)
-        finished = _finished(run_dir, resumed, parts.total_steps, env)
-        if finished is not None:
-            parts.metrics.close()
-            return finished
+    finished = _resume(trainer, parts)
+    if finished is not None:
+        parts.metrics.close()
+        return finished
     _log_start(parts)
     hparams = _hparams(cfg, env, parts.global_batch, run_dir)
     parts.metrics.start_session(hparams)
@@ -155,6 +150,18 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
             parts.metrics.end_session(ok=ended)
         parts.metrics.close()
     return summary
+
+
+def _resume(trainer: Trainer, parts: Parts) -> dict[str, Any] | None:
+    """Load the checkpoint `checkpoint.resume` picks, with the config's changed settings in
+    effect; a finished run's summary when there is nothing left to train."""
+    configured = resume_apply.Settings.of(parts.optimizer, parts.scheduler)  # before the load
+    resumed = trainer.resume()
+    if resumed is None:
+        return None
+    log.info(f"resumed from {resumed.path} at step {resumed.step}")
+    resume_apply.apply(configured, parts.optimizer, parts.scheduler, resumed.changes)
+    return _finished(parts.run_dir, resumed, parts.total_steps, parts.env)
 
 
 def _finished(
