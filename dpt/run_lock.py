@@ -1,8 +1,8 @@
 """One run per run folder at a time: an OS lock on `<run folder>/.lock`.
 
-`fcntl.flock` is released by the kernel when its holder exits, however it ends (SIGKILL, a lost
-node's reboot of the process table), so a lock never outlives its run and no stale lock needs
-cleaning. The file also tells who holds it (pid, host, since when): the second start names it.
+`fcntl.flock` is released by the kernel when its holder exits, however it ends (SIGKILL
+included), so a lock never outlives its run and no stale lock needs cleaning. The file also tells
+who holds it (pid, host, since when): the second start names it.
 
 The process that runs Hydra takes the lock before Hydra writes anything into the folder (the
 launcher with `launcher=local`, whose workers are its children; rank 0 under torchrun); under

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -176,7 +177,7 @@ def test_another_run_folders_checkpoint_is_compared_too(tmp_path: Path) -> None:
 # --- changed settings take effect ------------------------------------------------------------
 
 
-def _resumed_trainer(run: Path, *overrides: str) -> object:
+def _resumed_trainer(run: Path, *overrides: str) -> Any:
     """A trainer built in `run` with `overrides`, resumed as a rank resumes (see dpt.worker)."""
     trainer = build_trainer(run, CPU1, *SMALL, *overrides)
     parts = trainer.parts
@@ -187,8 +188,8 @@ def _resumed_trainer(run: Path, *overrides: str) -> object:
     return trainer
 
 
-def _lrs(trainer: object) -> list[float]:
-    return [g["lr"] for g in trainer.parts.optimizer.param_groups]  # type: ignore[attr-defined]
+def _lrs(trainer: Any) -> list[float]:
+    return [g["lr"] for g in trainer.parts.optimizer.param_groups]
 
 
 def test_a_new_learning_rate_takes_effect_after_the_optimizer_state_loads(tmp_path: Path) -> None:
@@ -196,7 +197,7 @@ def test_a_new_learning_rate_takes_effect_after_the_optimizer_state_loads(tmp_pa
     first.fit()
     trainer = _resumed_trainer(tmp_path, "optimizer.lr=0.05", "trainer.max_steps=6")
     assert _lrs(trainer) == [0.05]
-    assert trainer.parts.optimizer.state  # type: ignore[attr-defined]  # moments were loaded
+    assert trainer.parts.optimizer.state  # the moments were loaded, not started afresh
 
 
 def test_a_longer_run_stretches_the_loaded_schedule(tmp_path: Path) -> None:
@@ -219,6 +220,6 @@ def test_unchanged_settings_keep_the_loaded_state_as_it_was(tmp_path: Path) -> N
     resumed = _resumed_trainer(tmp_path, *common, "trainer.max_steps=3")
     assert _lrs(resumed) == _lrs(first)
     assert torch.equal(
-        next(iter(resumed.parts.model.parameters())),  # type: ignore[attr-defined]
+        next(iter(resumed.parts.model.parameters())),
         next(iter(first.parts.model.parameters())),
     )
