@@ -95,6 +95,20 @@ def test_a_second_start_in_a_live_run_folder_stops_at_once(tmp_path: Path) -> No
     assert "resumed from" in resumed.stdout
 
 
+@pytest.mark.parametrize(
+    ("environ", "holds"),
+    [({}, True), ({"RANK": "0"}, True), ({"RANK": "1"}, False), ({"SLURM_PROCID": "3"}, False)],
+)
+def test_only_rank_0_of_a_world_holds_the_folder(
+    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], holds: bool
+) -> None:
+    for var in ("RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in environ.items():
+        monkeypatch.setenv(var, value)
+    assert run_lock.holds_lock_here() is holds
+
+
 def test_the_lock_is_held_once_per_process_and_released(tmp_path: Path) -> None:
     with run_lock.holding(tmp_path):
         with run_lock.holding(tmp_path):  # the same process again: no deadlock on itself
@@ -222,6 +236,53 @@ def test_a_full_disk_at_the_end_leaves_no_half_written_results(full_disk: Path) 
 
 
 # --- a finished run run again ------------------------------------------------------------------
+
+
+def _results(run: Path, steps: int, stopped_early: bool) -> dict[str, Any]:
+    summary = {"steps": steps, "stopped_early": stopped_early, "final_loss": 0.5}
+    run.mkdir(exist_ok=True)
+    (run / "metrics.json").write_text(json.dumps(summary))
+    return summary
+
+
+@pytest.mark.parametrize(
+    ("written", "step", "total", "finished"),
+    [
+        (None, 40, 40, False),  # cut off after its last checkpoint: the results are still due
+        ((40, False), 40, 40, True),
+        ((40, False), 40, 60, False),  # more steps asked for: training goes on
+        ((12, True), 12, 40, True),  # early stopping ended it there
+        ((12, True), 8, 40, False),  # rolled back before the early stop
+    ],
+)
+def test_a_run_is_finished_when_its_results_are_written_and_nothing_is_left(
+    tmp_path: Path, written: tuple[int, bool] | None, step: int, total: int, finished: bool
+) -> None:
+    from dpt.checkpoint import Committed
+    from dpt.worker import _finished
+    from tests.test_checkpoint import CPU1
+
+    summary = _results(tmp_path, *written) if written else None
+    resumed = Committed(tmp_path / "checkpoints" / f"step-{step:08d}", step)
+    assert _finished(tmp_path, resumed, total, CPU1) == (summary if finished else None)
+
+
+def test_an_early_stopped_run_says_how_to_go_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dpt.checkpoint import Committed
+    from dpt.worker import _finished
+    from tests.test_checkpoint import CPU1
+
+    caplog.set_level(logging.INFO, "dpt")
+    _results(tmp_path, 12, True)
+    _finished(tmp_path, Committed(tmp_path / "checkpoints" / "step-00000012", 12), 40, CPU1)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"run folder {tmp_path} is complete (stopped early at step 12 of 40); nothing "
+        "overwritten. To train further, raise trainer.early_stopping.patience "
+        "(checkpoint.resume=auto continues from step 12), or start a new run folder "
+        "(hydra.run.dir=...)"
+    ]
 
 
 @pytest.mark.slow
