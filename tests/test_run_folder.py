@@ -71,20 +71,30 @@ def _fill(disk: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_a_second_start_in_a_live_run_folder_stops_at_once(tmp_path: Path) -> None:
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(
+    "strategy",
+    [[], ["strategy=ddp", "launcher.nproc_per_node=2", "trainer.batch_size=32"]],
+    ids=["single", "ddp"],
+)
+def test_a_second_start_in_a_live_run_folder_stops_at_once(
+    tmp_path: Path, strategy: list[str]
+) -> None:
     run = tmp_path / "run"
-    common = [*FAST, *WIDE, "trainer.max_steps=40", "checkpoint.every_n_steps=5"]
+    common = [*FAST, *WIDE, *strategy, "trainer.max_steps=40", "checkpoint.every_n_steps=5"]
     second: list[Result] = []
+    launcher: list[int] = []
 
     def start_another(proc: subprocess.Popen[str], _: str) -> None:
         second.append(train(run, *FAST, "trainer.seed=7", check=False, timeout=60))
+        launcher.append(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)  # the holder dies: its lock goes with it
 
     first = run_until(run, common, "step 10/40", start_another)
     assert first.returncode == -signal.SIGKILL
     assert second[0].returncode == 1
     holder = json.loads((run / ".lock").read_text())
+    assert holder["pid"] == launcher[0]  # the process the user started, not a worker
     assert second[0].stderr.strip() == (
         f"Error: run folder {run} is in use by another run (pid {holder['pid']} on "
         f"{holder['host']} since {holder['since']}); wait for it to end, or start this one in "
