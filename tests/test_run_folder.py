@@ -161,6 +161,7 @@ def test_a_full_disk_while_hydra_writes_its_config_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import hydra.core.utils
+    from hydra.core.global_hydra import GlobalHydra
 
     from dpt import cli
 
@@ -168,12 +169,14 @@ def test_a_full_disk_while_hydra_writes_its_config_is_one_line(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a failed close: no file
 
     monkeypatch.setattr(hydra.core.utils, "_save_config", full)
+    GlobalHydra.instance().clear()  # left set up by an earlier in-process compose
     monkeypatch.setattr(sys, "argv", ["dpt", *FAST, f"hydra.run.dir={tmp_path / 'run'}"])
     try:
         with pytest.raises(SystemExit) as exited:
             cli.main()
     finally:
         run_lock.release(tmp_path / "run")
+        GlobalHydra.instance().clear()
     assert exited.value.code == 1
     assert capsys.readouterr().err == (
         f"Error: could not write {tmp_path / 'run'}: no space left on device\n"
