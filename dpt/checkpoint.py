@@ -405,7 +405,8 @@ class Checkpoints:
         return start
 
     def _holds(self, path: Path) -> bool:
-        return path.resolve().parent == self.folder.resolve()
+        """This run folder's, an abandoned branch of it included."""
+        return self.folder.resolve() in path.resolve().parents
 
     def _load(self, resume: str | None, parts: dict[str, Any]) -> Committed | None:
         if resume is None:

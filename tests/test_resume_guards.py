@@ -168,6 +168,24 @@ def test_another_run_folders_checkpoint_is_recognised(
     assert any(m.startswith("moved 1 checkpoint(s) (step-00000003) aside") for m in said)
 
 
+def test_a_checkpoint_of_an_abandoned_branch_is_this_runs_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "dpt")
+    ckpts = Checkpoints(tmp_path, CPU1, 5, _yaml())
+    ckpts.resume(None, _parts())
+    for step in (1, 2, 3):
+        ckpts.save(_parts(step), step)
+    Checkpoints(tmp_path, CPU1, 5, _yaml()).resume(str(tmp_path / "checkpoints" / "step-00000001"),
+                                                   _parts())  # fmt: skip
+    aside = next((tmp_path / "checkpoints").glob("abandoned-*")) / "step-00000003"
+    caplog.clear()
+    start = Checkpoints(tmp_path, CPU1, 5, _yaml()).resume(str(aside), _parts())
+    assert start is not None and start.step == 3
+    assert not any("another run folder" in m for m in _messages(caplog))
+    assert [c.step for c in committed(tmp_path / "checkpoints")] == [1]  # older: kept in place
+
+
 def test_another_run_folders_checkpoint_is_compared_too(tmp_path: Path) -> None:
     other = _written(tmp_path / "other", _yaml("model.hidden_dims=[8]"))
     with pytest.raises(ConfigMismatch, match=r"model\.hidden_dims=\[8\], this run has"):
