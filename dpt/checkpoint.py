@@ -36,8 +36,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 
+from dpt import resume_config
 from dpt.distributed import DistEnv, broadcast_object
 from dpt.errors import DptError
+from dpt.resume_config import Change
 
 log = logging.getLogger("dpt")
 
@@ -51,10 +53,16 @@ class CheckpointError(DptError):
     """A checkpoint that cannot be used: missing, cut off, corrupt, or for another model."""
 
 
+class ConfigMismatch(DptError):
+    """The checkpoint was written under a config this run must not continue (seed, data, model,
+    optimizer kind); not a CheckpointError: `auto` must not fall back to an older checkpoint."""
+
+
 @dataclass(frozen=True)
 class Committed:
     path: Path
     step: int
+    changes: tuple[Change, ...] = ()  # the config's keys that differ from the checkpoint's
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -200,9 +208,21 @@ def stored_keys(path: Path) -> set[str]:
         ) from error
 
 
-def load(path: Path, parts: dict[str, Any]) -> int:
-    """Load every part (all ranks together); returns the step. The parts' own `load_state_dict`
-    runs here rather than inside DCP, so an error names the part."""
+def read_config(path: Path) -> str | None:
+    """The resolved config YAML a checkpoint was written with; None if it holds none."""
+    if "config.yaml" not in stored_keys(path):
+        return None
+    state = {"config": {"yaml": ""}}
+    try:
+        with _one_process_is_fine():
+            dcp.load(state, checkpoint_id=path, planner=_PlainLoadPlanner(), no_dist=True)
+    except CheckpointException as failed:
+        raise _load_failure(path, failed) from failed
+    return state["config"]["yaml"]
+
+
+def check(path: Path, parts: dict[str, Any]) -> int:
+    """The step of a committed checkpoint that holds every part; nothing is loaded yet."""
     step = read_marker(path)
     if step is None:
         raise CheckpointError(
@@ -214,6 +234,13 @@ def load(path: Path, parts: dict[str, Any]) -> int:
         raise CheckpointError(
             f"checkpoint {path} lacks {', '.join(missing)}: not written by this dpt version"
         )
+    return step
+
+
+def load(path: Path, parts: dict[str, Any]) -> int:
+    """Load every part (all ranks together); returns the step. The parts' own `load_state_dict`
+    runs here rather than inside DCP, so an error names the part."""
+    step = check(path, parts)
     states = {name: part.state_dict() for name, part in parts.items()}
     try:
         with _one_process_is_fine():
@@ -278,6 +305,8 @@ class Checkpoints:
     def __init__(self, run_dir: Path, env: DistEnv, keep: int, config_yaml: str) -> None:
         self.folder, self.env, self.keep = checkpoint_dir(run_dir), env, keep
         self.config_yaml, self.digest = config_yaml, config_digest(config_yaml)
+        self.config = resume_config.flat(config_yaml)
+        self.strict = bool(self.config.get("checkpoint.strict", True))
         if env.is_main:
             clean_temporaries(self.folder)
         # One temporary name for all ranks' parts of a checkpoint: rank 0's pid.
@@ -359,25 +388,47 @@ class Checkpoints:
 
     def resume(self, resume: str | None, parts: dict[str, Any]) -> Committed | None:
         """`null` -> start over; a path -> that checkpoint; `auto` -> the newest committed one that
-        loads. Committed checkpoints newer than the start are moved aside (rank 0)."""
+        loads. Committed checkpoints newer than the start are moved aside (rank 0); starting from
+        another run folder's checkpoint moves all of this folder's aside."""
         start = self._load(resume, parts)
+        foreign = start is not None and not self._holds(start.path)
         if self.env.is_main:
-            self._move_newer_aside(start.step if start else 0)
+            if foreign:
+                assert start is not None
+                log.info(
+                    f"starting from another run folder's checkpoint {start.path} (step "
+                    f"{start.step}); this run's checkpoints go to {self.folder}"
+                )
+            step = start.step if start else 0
+            self._move_newer_aside(-1 if foreign else step, step)
             self.history = committed(self.folder)
         return start
+
+    def _holds(self, path: Path) -> bool:
+        """This run folder's, an abandoned branch of it included."""
+        return self.folder.resolve() in path.resolve().parents
 
     def _load(self, resume: str | None, parts: dict[str, Any]) -> Committed | None:
         if resume is None:
             return None
         if resume != "auto":
             path = Path(resume)
-            return Committed(path, load(path, parts))
+            check(path, parts)  # cut off or incomplete: said as such, before any comparison
+            changes = self._compare(path, self._stored_config(path))
+            return Committed(path, load(path, parts), changes)
         # Rank 0's list for all: every rank tries the same checkpoints in the same order.
         candidates: list[Committed] = broadcast_object(committed(self.folder), self.env)
         for candidate in reversed(candidates):
             try:
+                check(candidate.path, parts)
+                stored = self._stored_config(candidate.path)
+            except CheckpointError as error:
+                log.warning(f"{error}; trying an older one")
+                continue
+            changes = self._compare(candidate.path, stored)  # a refusal ends the search
+            try:
                 load(candidate.path, parts)  # DCP shares a failure with every rank
-                return candidate
+                return Committed(candidate.path, candidate.step, changes)
             except CheckpointError as error:
                 log.warning(f"{error}; trying an older one")
         if candidates:
@@ -388,13 +439,45 @@ class Checkpoints:
             )
         return None
 
-    def _move_newer_aside(self, step: int) -> None:
-        newer = [c for c in committed(self.folder) if c.step > step]
+    def _stored_config(self, path: Path) -> str | None:
+        """Rank 0 reads it, every rank gets it: all ranks judge the same text alike."""
+        if self.env.is_main:
+            try:
+                found: tuple[str | None, str | None] = (read_config(path), None)
+            except CheckpointError as error:
+                found = (None, str(error))
+        else:
+            found = (None, None)
+        stored, error = broadcast_object(found, self.env)
+        if error is not None:
+            raise CheckpointError(error)
+        return stored
+
+    def _compare(self, path: Path, stored: str | None) -> tuple[Change, ...]:
+        """Refuse what this run must not continue (unless checkpoint.strict=false); name what
+        changes. A checkpoint without a stored config cannot be compared: said, not refused."""
+        if stored is None:
+            if self.env.is_main:
+                log.warning(f"checkpoint {path} holds no config: it cannot be compared")
+            return ()
+        found = resume_config.compare(resume_config.flat(stored), self.config)
+        if found.refused and self.strict:
+            raise ConfigMismatch(resume_config.refusal(str(path), found.refused))
+        if self.env.is_main:
+            if found.refused:
+                log.warning(resume_config.forced(str(path), found.refused))
+            if found.applied:
+                log.info(resume_config.applied_line(found.applied))
+        return found.applied + found.refused
+
+    def _move_newer_aside(self, after: int, step: int) -> None:
+        newer = [c for c in committed(self.folder) if c.step > after]
         if newer:
             aside = move_aside(self.folder, [c.path for c in newer])
             names = ", ".join(c.path.name for c in newer)
+            which = "" if after < 0 else "newer "  # all of them: the run continues another's
             log.info(
-                f"moved {len(newer)} newer checkpoint(s) ({names}) aside to {aside}: this run "
+                f"moved {len(newer)} {which}checkpoint(s) ({names}) aside to {aside}: this run "
                 f"continues from step {step}, and checkpoint.resume=auto follows it"
             )
 

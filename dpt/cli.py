@@ -8,6 +8,7 @@ is known to be good.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -21,8 +22,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from dpt import run_lock
 from dpt.config import build, register_configs, validate
-from dpt.errors import Abort, DptError, one_line
+from dpt.errors import Abort, DptError, could_not_write, is_disk_full, one_line
 from dpt.logs import setup_logging
 
 if TYPE_CHECKING:
@@ -43,11 +45,21 @@ def task(cfg: DictConfig) -> dict[str, Any]:
         validate(cfg)  # in a multirun, this job's own overrides are first seen here
         setup_logging(launcher_prefix(hydra_cfg))  # lines from this process, not from a rank
         launcher = build(cfg.launcher)  # imports dpt.launch, and with it torch
-        return launcher.run(cfg, Path(hydra_cfg.runtime.output_dir))
+        run_dir = Path(hydra_cfg.runtime.output_dir)
+        with _run_folder_held(run_dir):
+            return launcher.run(cfg, run_dir)
     except DptError as error:
         if hydra_cfg.mode == RunMode.RUN:
             raise Abort(error) from error  # one line, without Hydra's "Error executing job"
         raise  # a sweep records the failed job and goes on
+
+
+def _run_folder_held(run_dir: Path) -> contextlib.AbstractContextManager[None]:
+    """A multirun job's folder, locked here; a single run's was locked before Hydra wrote into
+    it (dpt.hydra_callbacks), and stays so."""
+    if not run_lock.holds_lock_here():
+        return contextlib.nullcontext()
+    return run_lock.holding(run_dir)
 
 
 def launcher_prefix(hydra_cfg: DictConfig) -> str:
@@ -208,6 +220,17 @@ def _report(func: Callable[[], Any]) -> None:
         _fail(rejected.error)
     except (DptError, HydraException, OmegaConfBaseException) as error:
         _fail(error)
+    except OSError as error:  # e.g. Hydra writing `.hydra/config.yaml` onto a full disk
+        if not is_disk_full(error):
+            raise
+        _fail(DptError(could_not_write(_output_dir(), error)))
+
+
+def _output_dir() -> str:
+    """The run folder Hydra was writing into (this process locked it first), for an error that
+    names no file."""
+    folders = run_lock.held()
+    return str(folders[-1]) if folders else "the run folder"
 
 
 def _fail(error: BaseException) -> None:

@@ -57,6 +57,9 @@ class CheckpointConfig:
     every_n_steps: int | None = None
     keep: int = 3
     resume: str | None = "auto"
+    # Refuse to resume a checkpoint written under another seed, data, model or optimizer kind
+    # (dpt/resume_config.py); false: say so, and resume anyway.
+    strict: bool = True
 
 
 @dataclass

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import re
+from pathlib import Path
 
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
@@ -26,6 +28,22 @@ class Abort(BaseException):
     def __init__(self, error: DptError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+# A full disk, or a full quota: the same to the user.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in DISK_FULL
+
+
+def could_not_write(fallback: Path | str, error: OSError) -> str:
+    """`could not write <file>: no space left on device`. A failed write or close names no file
+    (the error carries none): then the folder it was writing into."""
+    path = error.filename or fallback
+    reason = "no space left on device" if is_disk_full(error) else error.strerror or str(error)
+    return f"could not write {path}: {reason}"
 
 
 def one_line(error: BaseException) -> str:

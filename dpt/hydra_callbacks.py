@@ -1,4 +1,4 @@
-"""Hydra callbacks: checks that must run before Hydra makes a run folder."""
+"""Hydra callbacks: checks that must run before Hydra makes a run folder or writes into it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from dpt import run_lock
 from dpt.config import validate
-from dpt.errors import Abort, ConfigError
+from dpt.errors import Abort, ConfigError, DptError
 
 
 class ValidateConfig(Callback):
@@ -22,6 +23,10 @@ class ValidateConfig(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _validate(config, "hydra.run.dir")
+        _lock(run_folder(config))
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        run_lock.release(run_folder(config))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _validate(config, "hydra.sweep.dir")
@@ -32,6 +37,21 @@ def _validate(config: DictConfig, folder_key: str) -> None:
         validate(config)
         check_writable(Path(str(OmegaConf.select(config, folder_key))), folder_key)
     except ConfigError as error:
+        raise Abort(error) from error
+
+
+def run_folder(config: DictConfig) -> Path:
+    return Path(str(OmegaConf.select(config, "hydra.run.dir")))
+
+
+def _lock(folder: Path) -> None:
+    """Before Hydra writes its `.hydra/` files: a second start must not touch a live run's
+    folder. A multirun's jobs are locked by the task (their folders are known only there)."""
+    if not run_lock.holds_lock_here():
+        return
+    try:
+        run_lock.acquire(folder)
+    except DptError as error:
         raise Abort(error) from error
 
 

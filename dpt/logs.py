@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
+
+from dpt.errors import could_not_write
 
 LOGGER_NAME = "dpt"
 TRACE_LOGGER_NAME = "dpt_traceback"
@@ -26,6 +29,34 @@ class _TqdmStreamHandler(logging.Handler):
                 sys.stdout.flush()
         except Exception:  # logging must never crash training
             self.handleError(record)
+
+
+class _RankFileHandler(logging.FileHandler):
+    """The rank's log file. A write that fails (a full disk) is said once on the console, naming
+    the file, and the file is given up: the console keeps every line, and training goes on (a
+    checkpoint write then fails in one line of its own if the disk stays full), instead of
+    logging's traceback for every line."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+            return
+        self.failed = True
+        with contextlib.suppress(OSError):  # closing flushes the buffer, onto the same full disk
+            self.close()
+        logging.getLogger(LOGGER_NAME).warning(
+            f"{could_not_write(self.baseFilename, error)}; this rank's lines now go to the "
+            "console only"
+        )
 
 
 def setup_logging(prefix: str, log_file: Path | None = None) -> logging.Logger:
@@ -48,7 +79,7 @@ def setup_logging(prefix: str, log_file: Path | None = None) -> logging.Logger:
         handler.close()
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.FileHandler(log_file)
+        file_handler = _RankFileHandler(log_file)
         file_handler.setFormatter(logging.Formatter(f"%(asctime)s [{prefix}] %(message)s"))
         logger.addHandler(file_handler)
         trace.addHandler(file_handler)

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-from dpt import checkpoint, dashboard
+from dpt import checkpoint, dashboard, resume_apply
 from dpt.distributed import (
     DistEnv,
     broadcast_object,
@@ -22,7 +22,7 @@ from dpt.distributed import (
     env_from_environment,
     init_process_group,
 )
-from dpt.errors import DptError, one_line
+from dpt.errors import DptError, could_not_write, is_disk_full, one_line
 from dpt.interrupt import Interrupted
 from dpt.logs import TRACE_LOGGER_NAME, setup_logging
 from dpt.models import unwrap
@@ -45,12 +45,24 @@ def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         roll_call.start_answering()
         return _run(OmegaConf.create(cfg_dict), Path(run_dir), env)
     except Exception as error:
+        reported = _disk_full(error, run_dir)
         if "TORCHELASTIC_ERROR_FILE" not in os.environ:
-            raise  # in-process: the caller reports it
-        _exit_reporting(error, cfg_dict["trainer"]["timeout_s"], roll_call)
+            if reported is error:
+                raise  # in-process: the caller reports it
+            raise reported from error
+        _exit_reporting(reported, cfg_dict["trainer"]["timeout_s"], roll_call)
     finally:
         roll_call.stop_answering()
         destroy_process_group()
+
+
+def _disk_full(error: Exception, run_dir: str) -> Exception:
+    """A full disk under TensorBoard, the log or any other write: one line naming the file (or
+    the run folder, when the failed write names none), not the writer's traceback."""
+    if is_disk_full(error):
+        assert isinstance(error, OSError)
+        return DptError(could_not_write(run_dir, error))
+    return error
 
 
 PEER_FAILURE_GRACE_S = 2.0
@@ -111,9 +123,10 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     trainer = Trainer(parts)
     if env.is_main:  # where to look, and what `hydra.run.dir=` resumes
         log.info(f"run folder {run_dir}")
-    resumed = trainer.resume()
-    if resumed is not None:
-        log.info(f"resumed from {resumed.path} at step {resumed.step}")
+    finished = _resume(trainer, parts)
+    if finished is not None:
+        parts.metrics.close()
+        return finished
     _log_start(parts)
     hparams = _hparams(cfg, env, parts.global_batch, run_dir)
     parts.metrics.start_session(hparams)
@@ -136,6 +149,45 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         if ended is not None:
             parts.metrics.end_session(ok=ended)
         parts.metrics.close()
+    return summary
+
+
+def _resume(trainer: Trainer, parts: Parts) -> dict[str, Any] | None:
+    """Load the checkpoint `checkpoint.resume` picks, with the config's changed settings in
+    effect; a finished run's summary when there is nothing left to train."""
+    configured = resume_apply.Settings.of(parts.optimizer, parts.scheduler)  # before the load
+    resumed = trainer.resume()
+    if resumed is None:
+        return None
+    log.info(f"resumed from {resumed.path} at step {resumed.step}")
+    resume_apply.apply(configured, parts.optimizer, parts.scheduler, resumed.changes)
+    return _finished(parts.run_dir, resumed, parts.total_steps, parts.env)
+
+
+def _finished(
+    run_dir: Path, resumed: checkpoint.Committed, total_steps: int, env: DistEnv
+) -> dict[str, Any] | None:
+    """A run folder whose run is over (its results written, its newest checkpoint at the end or
+    where early stopping ended it): nothing to train, nothing to overwrite. Its summary, as the
+    run returned it; None when there is training left."""
+    try:
+        summary = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None  # no results yet: the run is not over (or was cut off before writing them)
+    stopped_early = bool(summary.get("stopped_early")) and summary.get("steps") == resumed.step
+    if resumed.step < total_steps and not stopped_early:
+        return None
+    if env.is_main:
+        how, knob = (
+            ("stopped early at", "trainer.early_stopping.patience")
+            if resumed.step < total_steps
+            else ("trained to", "trainer.max_steps or trainer.epochs")
+        )
+        log.info(
+            f"run folder {run_dir} is complete ({how} step {resumed.step} of {total_steps}); "
+            f"nothing overwritten. To train further, raise {knob} (checkpoint.resume=auto "
+            f"continues from step {resumed.step}), or start a new run folder (hydra.run.dir=...)"
+        )
     return summary
 
 

@@ -229,8 +229,11 @@ def job_tb(sweep: Path, job: int) -> Path:
 
 def compose(*overrides: str) -> Any:
     """The config `train.py` would run with these overrides, composed in this process."""
+    from hydra.core.global_hydra import GlobalHydra
+
     from dpt.cli import compose_from_argv
 
+    GlobalHydra.instance().clear()  # composing again in one process: Hydra allows one at a time
     return compose_from_argv(list(overrides))
 
 
