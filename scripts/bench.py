@@ -42,7 +42,7 @@ SECTIONS = ("loops", "startup", "pipeline", "sync", "gpu")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smoke run: 1 round, MLP only, one cadence, few steps")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 round, 1 cadence")
     p.add_argument("--out", type=Path, default=REPO / "docs", help="where the report goes")
     p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
     p.add_argument("--rounds", type=int, default=None, help="A/B rounds (default 3, quick 1)")
