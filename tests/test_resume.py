@@ -150,7 +150,9 @@ def test_checkpoints_keep_only_the_newest(tmp_path: Path) -> None:
         "rng",
         "config",
     } <= state.keys()
-    assert state["progress"]["step"] == 9 and state["data_position"]["step_in_epoch"] == 9
+    assert state["progress"]["step"] == 9
+    # Samples of the epoch's global order, not per-rank steps: 9 steps of the default batch 64.
+    assert state["data_position"] == {"epoch": 0, "sample": 9 * 64, "global_batch": 64}
     assert "strategy:" in state["config"]["yaml"]
     assert state["rng"].keys() == {"rank0"}  # each rank its own generators
 
