@@ -15,6 +15,7 @@ from tests.helpers import (
     Result,
     committed_checkpoints,
     load_weights,
+    max_abs_diff,
     read_checkpoint,
     run_until,
     train,
@@ -232,3 +233,39 @@ def test_ddp_rollback_to_an_older_checkpoint_then_auto_continues_the_new_branch(
         "step-00000010",
         "step-00000012",
     ]
+
+
+@pytest.mark.timeout(600)
+def test_ddp_2x32_resumed_on_4x16_or_1x64_ends_with_the_uninterrupted_weights(
+    tmp_path: Path,
+) -> None:
+    # 2048 samples / global batch 64 = 32 steps per epoch: 25 is mid-epoch, 40 in the next one.
+    common = [*FAST, *CKPT]
+    train(tmp_path / "full", *common, *DDP, "trainer.max_steps=40")
+    world_4 = ["strategy=ddp", "launcher.nproc_per_node=4", "trainer.batch_size=16"]
+    world_1 = ["strategy=single", "trainer.batch_size=64"]
+    for name, other in (("four", world_4), ("one", world_1)):
+        train(tmp_path / name, *common, *DDP, "trainer.max_steps=25")
+        resumed = train(tmp_path / name, *common, *other, "trainer.max_steps=40", timeout=240)
+        assert "at step 25" in resumed.stdout and "resuming at sample" not in resumed.stdout
+        world = 4 if name == "four" else 1
+        assert (
+            f"the checkpoint holds random generators for 2 rank(s), this run has {world}: every "
+            "rank's are re-derived from (trainer.seed, rank, step 25)"
+        ) in resumed.stdout
+        # The same global batch: the same samples at every step; only the sums' order differs.
+        assert max_abs_diff(load_weights(tmp_path / "full"), load_weights(tmp_path / name)) < 1e-5
+
+
+@pytest.mark.timeout(300)
+def test_another_global_batch_continues_from_the_same_sample_and_says_so(tmp_path: Path) -> None:
+    common = [*FAST, "checkpoint.every_n_steps=5"]
+    train(tmp_path, *common, "trainer.max_steps=25")  # global batch 64: 32 steps per epoch
+    resumed = train(tmp_path, *common, "trainer.batch_size=96", "trainer.max_steps=27")
+    left = (2048 - 25 * 64) // 96
+    assert (
+        f"resuming at sample {25 * 64} of epoch 1 with global batch 96 (was 64): the epoch "
+        f"continues from the same sample, {left} full step(s) left in it"
+    ) in resumed.stdout
+    state = read_checkpoint(tmp_path / "checkpoints" / "step-00000027")
+    assert state["data_position"] == {"epoch": 0, "sample": 25 * 64 + 2 * 96, "global_batch": 96}
