@@ -248,12 +248,24 @@ class Trainer:
         if was == self.global_batch:
             return
         position.global_batch = self.global_batch
+        self.replan()
         if self.parts.env.is_main:
             log.info(
                 f"resuming at sample {position.sample} of epoch {position.epoch + 1} with global "
                 f"batch {self.global_batch} (was {was}): the epoch continues from the same "
                 f"sample, {self.steps_left()} full step(s) left in it"
             )
+
+    def replan(self) -> None:
+        """The steps done were of the old global batch: the run's total is those plus what the
+        rest of its epochs give at the new one (capped by trainer.max_steps)."""
+        t, parts = self.settings, self.parts
+        later_epochs = max(0, t.epochs - self.position.epoch - 1)
+        per_epoch = parts.loaders.steps_per_epoch(t.grad_accum_steps)
+        total = self.progress.step + self.steps_left() + later_epochs * per_epoch
+        parts.total_steps = min(total, t.max_steps) if t.max_steps else total
+        parts.agreement.last_step = parts.total_steps
+        parts.metrics.replan(parts.total_steps)
 
     def rederive_rng(self) -> None:
         """A checkpoint of another world size holds other ranks' generators: every rank seeds

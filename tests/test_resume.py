@@ -259,13 +259,18 @@ def test_ddp_2x32_resumed_on_4x16_or_1x64_ends_with_the_uninterrupted_weights(
 
 @pytest.mark.timeout(300)
 def test_another_global_batch_continues_from_the_same_sample_and_says_so(tmp_path: Path) -> None:
-    common = [*FAST, "checkpoint.every_n_steps=5"]
+    common = [*FAST, "checkpoint.every_n_steps=5", "trainer.epochs=2"]
     train(tmp_path, *common, "trainer.max_steps=25")  # global batch 64: 32 steps per epoch
-    resumed = train(tmp_path, *common, "trainer.batch_size=96", "trainer.max_steps=27")
+    resumed = train(tmp_path, *common, "trainer.batch_size=96")  # to the end of epoch 2
     left = (2048 - 25 * 64) // 96
     assert (
         f"resuming at sample {25 * 64} of epoch 1 with global batch 96 (was 64): the epoch "
         f"continues from the same sample, {left} full step(s) left in it"
     ) in resumed.stdout
-    state = read_checkpoint(tmp_path / "checkpoints" / "step-00000027")
-    assert state["data_position"] == {"epoch": 0, "sample": 25 * 64 + 2 * 96, "global_batch": 96}
+    assert f"epoch 1 done | step {25 + left} |" in resumed.stdout
+    # The second epoch in whole steps of 96; the run's total counts them, not steps of 64.
+    last = 25 + left + 2048 // 96
+    assert f"epoch 2 | step {last}/{last} |" in resumed.stdout
+    state = read_checkpoint(committed_checkpoints(tmp_path)[-1])
+    assert state["progress"]["step"] == last
+    assert state["data_position"] == {"epoch": 2, "sample": 0, "global_batch": 96}
