@@ -196,6 +196,7 @@ def build_loaders(
     exactly the batches that N ddp ranks with batch B see together (same order, same seed)."""
     train_set = SeededSamples(data.train, seed)
     sampler = GlobalOrderSampler(len(train_set), seed, env.rank, env.world_size)
+    sampler.start(0, 0, batch_size * env.world_size)  # the loader alone gives epoch 0 (benchmarks)
     common = _loader_options(data, env, seed, worker_init_fn)
     # The sampler gives every rank whole steps: equal batch sizes on every rank, so the
     # all-reduced mean is the big-batch mean.
