@@ -112,7 +112,8 @@ class GlobalOrderSampler(Sampler[tuple[int, int]]):
 
     def __init__(self, size: int, seed: int, rank: int, world_size: int) -> None:
         self.size, self.seed, self.rank, self.world_size = size, seed, rank, world_size
-        self.epoch, self.indices = 0, list[int]()
+        self.epoch = 0
+        self.indices: list[int] = []
 
     def start(self, epoch: int, sample: int, global_batch: int) -> int:
         """From sample `sample` of `epoch`'s order on; returns the full steps that gives."""
