@@ -228,7 +228,8 @@ def check(path: Path, parts: dict[str, Any]) -> int:
         raise CheckpointError(
             f"checkpoint {path} was never committed (no {MARKER} marker): cut off while written"
         )
-    present = {key.split(".", 1)[0] for key in stored_keys(path)}
+    keys = stored_keys(path)
+    present = {key.split(".", 1)[0] for key in keys}
     missing = [name for name in parts if name not in present]
     if missing:
         raise CheckpointError(
@@ -241,6 +242,10 @@ def load(path: Path, parts: dict[str, Any]) -> int:
     """Load every part (all ranks together); returns the step. The parts' own `load_state_dict`
     runs here rather than inside DCP, so an error names the part."""
     step = check(path, parts)
+    keys = stored_keys(path)
+    for name, part in parts.items():  # a part that adapts to what is stored (RNGState)
+        if hasattr(part, "expect"):
+            part.expect({k.split(".", 1)[1] for k in keys if k.startswith(f"{name}.")})
     states = {name: part.state_dict() for name, part in parts.items()}
     try:
         with _one_process_is_fine():

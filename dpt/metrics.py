@@ -94,6 +94,13 @@ class MetricsLogger:
             self.bar.n = self.bar.initial = step
             self.bar.refresh()
 
+    def replan(self, total_steps: int) -> None:
+        """A resumed run whose steps changed size (another global batch) has another total."""
+        self.total_steps = total_steps
+        if self.bar is not None:
+            self.bar.total = total_steps
+            self.bar.refresh()
+
     def _reset_window(self) -> None:
         self._losses: list[torch.Tensor] = []  # per step, on the device: summed at the window end
         self._grad_norms: list[torch.Tensor] = []

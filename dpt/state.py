@@ -9,8 +9,10 @@ stored as one JSON string (`PlainState`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import struct
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -43,20 +45,23 @@ class Progress:
 
 @dataclass
 class DataPosition:
-    """Where the data stands: the epoch in progress (0-based) and the optimizer steps done in it.
-    A resumed run starts that epoch's shuffle at the same place (see Loaders.start_epoch)."""
+    """Where the data stands: the epoch in progress (0-based), the samples of its global order
+    trained on (see dpt.data.loaders.epoch_order), and the global batch they were taken in. In
+    samples, not steps: a run resumed on another world size or batch starts at the same sample."""
 
     epoch: int = 0
-    step_in_epoch: int = 0
+    sample: int = 0
+    global_batch: int = 0
 
     def next_epoch(self) -> None:
-        self.epoch, self.step_in_epoch = self.epoch + 1, 0
+        self.epoch, self.sample = self.epoch + 1, 0
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
+        self.epoch, self.sample = int(state["epoch"]), int(state["sample"])
+        self.global_batch = int(state["global_batch"])
 
 
 class ModelState:
@@ -103,17 +108,31 @@ class PlainState:
 
 class RNGState:
     """This rank's generators (Python's, NumPy's, torch's, CUDA's) under `rank<k>`: they differ per
-    rank (loader workers, dropout), so each rank stores and restores its own. Tensors and numbers
-    only: the stored objects load with `weights_only=True` (no NumPy objects, no pickled code)."""
+    rank (dropout, loader workers), so each rank stores and restores its own. Tensors and numbers
+    only: the stored objects load with `weights_only=True` (no NumPy objects, no pickled code).
 
-    def __init__(self, rank: int) -> None:
-        self.key = f"rank{rank}"
+    A checkpoint of another world size has streams for other ranks: then none is restored and
+    `stored_world` says so (the trainer re-derives them); data order and augmentation do not
+    depend on these streams."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.key, self.world_size = f"rank{rank}", world_size
+        self.stored_world: int | None = None  # set while loading a checkpoint (see `expect`)
+
+    def expect(self, stored: set[str]) -> None:
+        """Told the checkpoint's keys under this part (`rank0.torch`, ...) before loading."""
+        self.stored_world = len({key.split(".", 1)[0] for key in stored})
+
+    @property
+    def other_world(self) -> bool:
+        return self.stored_world is not None and self.stored_world != self.world_size
 
     def state_dict(self) -> dict[str, Any]:
-        return {self.key: self._generators()}
+        return {} if self.other_world else {self.key: self._generators()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._restore(state[self.key])
+        if self.key in state:
+            self._restore(state[self.key])
 
     @staticmethod
     def _generators() -> dict[str, Any]:
@@ -150,9 +169,17 @@ class RNGState:
             torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def derived_seed(*numbers: int) -> int:
+    """A 64-bit seed from a tuple of integers (e.g. seed, epoch, sample index): a hash, so that
+    nearby tuples give unrelated streams, and the same on every machine and Python version."""
+    key = struct.pack(f"<{len(numbers)}q", *numbers)
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+
+
 def seed_everything(seed: int) -> None:
+    """Python's, NumPy's and torch's generators (NumPy takes 32 bits)."""
     random.seed(seed)
-    np.random.seed(seed)
+    np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
 

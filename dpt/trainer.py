@@ -8,6 +8,7 @@ for the device or another rank, except the gradient all-reduce inside `backward`
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,18 @@ from dpt.console import log_epoch
 from dpt.data.loaders import Batch
 from dpt.interrupt import Interrupted, StopRequest, stop_on_signals
 from dpt.parts import Parts
-from dpt.state import DataPosition, ModelState, OptimizerState, PlainState, Progress, RNGState
+from dpt.state import (
+    DataPosition,
+    ModelState,
+    OptimizerState,
+    PlainState,
+    Progress,
+    RNGState,
+    derived_seed,
+    seed_everything,
+)
+
+log = logging.getLogger("dpt")
 
 
 @dataclass
@@ -44,9 +56,10 @@ class Trainer:
         self.precision, self.metrics = parts.precision, parts.metrics
         self.agreement = parts.agreement
         self.loss_fn = nn.CrossEntropyLoss()
-        self.progress, self.position = Progress(), DataPosition()
+        self.global_batch = parts.loaders.global_batch(self.settings.grad_accum_steps)
+        self.progress, self.position = Progress(), DataPosition(global_batch=self.global_batch)
+        self.rng = RNGState(parts.env.rank, parts.env.world_size)
         self.bad_before_epoch = 0  # progress.bad_samples when the epoch began: its epoch line
-        self.steps_per_epoch = parts.loaders.steps_per_epoch(self.settings.grad_accum_steps)
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -66,7 +79,7 @@ class Trainer:
                     if p.step >= self.parts.total_steps:
                         break
                 stopped_early = self.end_of_epoch()
-        if self.position.step_in_epoch:  # stopped inside an epoch (max_steps)
+        if self.position.sample:  # stopped inside an epoch (max_steps)
             self.save_checkpoint()
         return self.result(time.perf_counter() - start, stopped_early)
 
@@ -84,7 +97,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.progress.step += 1
-        self.position.step_in_epoch += 1
+        self.position.sample += self.global_batch
         if verdict is not None:
             self.after_agreement(verdict, stop)
 
@@ -127,7 +140,7 @@ class Trainer:
             self.agreement.every_step
             or step % self.settings.log_every_n_steps == 0
             or bool(every_ckpt and step % every_ckpt == 0)
-            or self.position.step_in_epoch + 1 == self.steps_per_epoch
+            or self.steps_left() == 1  # this step ends the epoch
             or step >= self.parts.total_steps
         )
 
@@ -138,7 +151,7 @@ class Trainer:
         step = self.progress.step
         log_now = (
             step % self.settings.log_every_n_steps == 0
-            or self.position.step_in_epoch == self.steps_per_epoch
+            or self.steps_left() == 0
             or step >= self.parts.total_steps
         )
         lr = self.scheduler.get_last_lr()[0]
@@ -163,7 +176,7 @@ class Trainer:
 
     def end_of_epoch(self) -> bool:
         """Validate, checkpoint; returns whether early stopping triggered."""
-        finished = self.position.step_in_epoch >= self.steps_per_epoch  # not cut by max_steps
+        finished = self.steps_left() == 0  # not cut by max_steps
         val = self.parts.validation.run(self.model)
         self.metrics.scalars(val, self.progress.step)
         stop = self.parts.early_stopping.should_stop(val)
@@ -176,6 +189,10 @@ class Trainer:
             self.position.next_epoch()
             self.save_checkpoint()
         return stop
+
+    def steps_left(self) -> int:
+        """Full steps left in the epoch in progress."""
+        return self.parts.loaders.steps_left(self.position, self.settings.grad_accum_steps)
 
     def result(self, wall_time_s: float, stopped_early: bool) -> TrainResult:
         return TrainResult(
@@ -206,7 +223,7 @@ class Trainer:
             "model": ModelState(self.model),
             "optimizer": OptimizerState(self.model, self.optimizer),
             **{name: PlainState(part) for name, part in plain.items()},
-            "rng": RNGState(self.parts.env.rank),
+            "rng": self.rng,
         }
 
     def save_checkpoint(self) -> Path | None:
@@ -219,5 +236,48 @@ class Trainer:
         """Load the checkpoint `checkpoint.resume` picks, if any; the metrics continue there."""
         start = self.parts.checkpoints.resume(self.parts.checkpoint.resume, self.state_parts())
         if start is not None:
+            self.continue_data()
+            self.rederive_rng()
             self.parts.metrics.start_at(start.step)
         return start
+
+    def continue_data(self) -> None:
+        """Another global batch continues the epoch from the sample the checkpoint stopped at (the
+        same global batch on another world size takes exactly the uninterrupted run's samples)."""
+        position, was = self.position, self.position.global_batch
+        if was == self.global_batch:
+            return
+        position.global_batch = self.global_batch
+        self.replan()
+        if self.parts.env.is_main:
+            log.info(
+                f"resuming at sample {position.sample} of epoch {position.epoch + 1} with global "
+                f"batch {self.global_batch} (was {was}): the epoch continues from the same "
+                f"sample, {self.steps_left()} full step(s) left in it"
+            )
+
+    def replan(self) -> None:
+        """The steps done were of the old global batch: the run's total is those plus what the
+        rest of its epochs give at the new one (capped by trainer.max_steps)."""
+        t, parts = self.settings, self.parts
+        later_epochs = max(0, t.epochs - self.position.epoch - 1)
+        per_epoch = parts.loaders.steps_per_epoch(t.grad_accum_steps)
+        total = self.progress.step + self.steps_left() + later_epochs * per_epoch
+        parts.total_steps = min(total, t.max_steps) if t.max_steps else total
+        parts.agreement.last_step = parts.total_steps
+        parts.metrics.replan(parts.total_steps)
+
+    def rederive_rng(self) -> None:
+        """A checkpoint of another world size holds other ranks' generators: every rank seeds
+        its own from (seed, rank, step) instead. Data order and augmentation do not use them."""
+        stored, self.rng.stored_world = self.rng.stored_world, None  # saves store this rank's
+        env = self.parts.env
+        if stored is None or stored == env.world_size:
+            return
+        seed_everything(derived_seed(self.settings.seed, env.rank, self.progress.step))
+        if env.is_main:
+            log.info(
+                f"the checkpoint holds random generators for {stored} rank(s), this run has "
+                f"{env.world_size}: every rank's are re-derived from (trainer.seed, rank, step "
+                f"{self.progress.step}); data order and augmentation do not depend on them"
+            )

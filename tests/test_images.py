@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from dpt.errors import DptError
 from dpt.models.resnet import resnet
 from scripts.make_coco_fixture import make_fixture
-from tests.helpers import FAST, load_weights, train
+from tests.helpers import FAST, load_weights, run_until, train
 
 SMALL = [
     "dataset.image_size=32",
@@ -83,6 +85,32 @@ def test_bad_image_with_error_policy_stops_naming_the_file(
     line = result.stderr.strip()
     assert "\n" not in line and "Traceback" not in line
     assert line.startswith(f"Error: unreadable image {coco / 'train2017'}/0000000001")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_augmented_coco_killed_with_2_workers_resumes_with_1_bit_equal(
+    coco: Path, tmp_path: Path
+) -> None:
+    """ResNet-18 with the random-resized crop and flip: each sample's draws come from (seed,
+    epoch, index), so a SIGKILLed run resumed with another worker count ends bit-equal."""
+    # 30 images / batch 4 = 7 steps per epoch: the checkpoint at step 10 is inside epoch 2 (the
+    # others: the ends of epochs). Few checkpoints, no validation: ResNet-18's are large.
+    common = [
+        "experiment=coco_resnet18", f"dataset.root={coco}", *SMALL, "strategy=single",
+        "dataset.val_split=null", "trainer.epochs=2", "checkpoint.every_n_steps=10",
+    ]  # fmt: skip
+    train(tmp_path / "full", *common, "dataset.num_workers=2", timeout=280)
+    killed = run_until(tmp_path / "cut", [*common, "dataset.num_workers=2"], "step 12/14",
+                       lambda proc, _: os.killpg(proc.pid, signal.SIGKILL))  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    assert not (tmp_path / "cut" / "model.pt").exists()  # it really died before the end
+    resumed = train(tmp_path / "cut", *common, "dataset.num_workers=1", timeout=280)
+    assert "resumed from" in resumed.stdout
+    full, cut = load_weights(tmp_path / "full"), load_weights(tmp_path / "cut")
+    assert full.keys() == cut.keys()
+    for key in full:
+        assert torch.equal(full[key], cut[key]), key
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from tests.helpers import (
     Result,
     committed_checkpoints,
     load_weights,
+    max_abs_diff,
     read_checkpoint,
     run_until,
     train,
@@ -150,7 +151,9 @@ def test_checkpoints_keep_only_the_newest(tmp_path: Path) -> None:
         "rng",
         "config",
     } <= state.keys()
-    assert state["progress"]["step"] == 9 and state["data_position"]["step_in_epoch"] == 9
+    assert state["progress"]["step"] == 9
+    # Samples of the epoch's global order, not per-rank steps: 9 steps of the default batch 64.
+    assert state["data_position"] == {"epoch": 0, "sample": 9 * 64, "global_batch": 64}
     assert "strategy:" in state["config"]["yaml"]
     assert state["rng"].keys() == {"rank0"}  # each rank its own generators
 
@@ -230,3 +233,44 @@ def test_ddp_rollback_to_an_older_checkpoint_then_auto_continues_the_new_branch(
         "step-00000010",
         "step-00000012",
     ]
+
+
+@pytest.mark.timeout(600)
+def test_ddp_2x32_resumed_on_4x16_or_1x64_ends_with_the_uninterrupted_weights(
+    tmp_path: Path,
+) -> None:
+    # 2048 samples / global batch 64 = 32 steps per epoch: 25 is mid-epoch, 40 in the next one.
+    common = [*FAST, *CKPT]
+    train(tmp_path / "full", *common, *DDP, "trainer.max_steps=40")
+    world_4 = ["strategy=ddp", "launcher.nproc_per_node=4", "trainer.batch_size=16"]
+    world_1 = ["strategy=single", "trainer.batch_size=64"]
+    for name, other in (("four", world_4), ("one", world_1)):
+        train(tmp_path / name, *common, *DDP, "trainer.max_steps=25")
+        resumed = train(tmp_path / name, *common, *other, "trainer.max_steps=40", timeout=240)
+        assert "at step 25" in resumed.stdout and "resuming at sample" not in resumed.stdout
+        world = 4 if name == "four" else 1
+        assert (
+            f"the checkpoint holds random generators for 2 rank(s), this run has {world}: every "
+            "rank's are re-derived from (trainer.seed, rank, step 25)"
+        ) in resumed.stdout
+        # The same global batch: the same samples at every step; only the sums' order differs.
+        assert max_abs_diff(load_weights(tmp_path / "full"), load_weights(tmp_path / name)) < 1e-5
+
+
+@pytest.mark.timeout(300)
+def test_another_global_batch_continues_from_the_same_sample_and_says_so(tmp_path: Path) -> None:
+    common = [*FAST, "checkpoint.every_n_steps=5", "trainer.epochs=2"]
+    train(tmp_path, *common, "trainer.max_steps=25")  # global batch 64: 32 steps per epoch
+    resumed = train(tmp_path, *common, "trainer.batch_size=96")  # to the end of epoch 2
+    left = (2048 - 25 * 64) // 96
+    assert (
+        f"resuming at sample {25 * 64} of epoch 1 with global batch 96 (was 64): the epoch "
+        f"continues from the same sample, {left} full step(s) left in it"
+    ) in resumed.stdout
+    assert f"epoch 1 done | step {25 + left} |" in resumed.stdout
+    # The second epoch in whole steps of 96; the run's total counts them, not steps of 64.
+    last = 25 + left + 2048 // 96
+    assert f"epoch 2 | step {last}/{last} |" in resumed.stdout
+    state = read_checkpoint(committed_checkpoints(tmp_path)[-1])
+    assert state["progress"]["step"] == last
+    assert state["data_position"] == {"epoch": 2, "sample": 0, "global_batch": 96}

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
+from dpt.data.seeded import SeededSamples
 from dpt.distributed import DistEnv
 from dpt.state import DataPosition
 
@@ -79,50 +80,87 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
-class ResumableSampler(DistributedSampler):
-    """DistributedSampler that can start an epoch part-way: a resumed run skips the indices it
-    has already trained on without loading them."""
+def epoch_order(size: int, seed: int, epoch: int) -> list[int]:
+    """The epoch's global order: one shuffle of the training set drawn from (seed, epoch) alone
+    (as DistributedSampler draws it), the same whatever the world size or batch."""
+    generator = torch.Generator().manual_seed(seed + epoch)
+    return torch.randperm(size, generator=generator).tolist()
 
-    start_index = 0
 
-    def __iter__(self) -> Iterator[int]:
-        indices = list(super().__iter__())
-        return iter(indices[self.start_index :])
+def steps_left(size: int, sample: int, global_batch: int) -> int:
+    """Full optimizer steps left in an epoch of `size` samples after its first `sample`: the
+    order's last `size % global_batch` samples are not trained on that epoch (every step has
+    exactly the global batch, whatever the world size, so the same global batch gives the same
+    steps per epoch on every world size)."""
+    return max(0, (size - sample) // global_batch)
+
+
+def rank_share(
+    order: Sequence[int], start: int, steps: int, global_batch: int, rank: int, world_size: int
+) -> list[int]:
+    """Rank `rank`'s samples for `steps` steps from sample `start` of the order. Step k takes the
+    order's [start + kG, start + (k+1)G) for global batch G, each rank every world_size-th of
+    them, so a rank's consecutive batches of B add up, over the ranks, to consecutive slices of
+    the order: `single` with batch 64 sees what 2 ranks with batch 32 (or 4 with 16) see."""
+    return list(order[start : start + steps * global_batch][rank::world_size])
+
+
+class GlobalOrderSampler(Sampler[tuple[int, int]]):
+    """This rank's share of the rest of an epoch (`start`), as (epoch, index) pairs: the epoch
+    travels with each index into the loader workers, whose dataset copies outlive an epoch
+    (persistent_workers), so each sample's augmentation can be seeded from it (SeededSamples)."""
+
+    def __init__(self, size: int, seed: int, rank: int, world_size: int) -> None:
+        self.size, self.seed, self.rank, self.world_size = size, seed, rank, world_size
+        self.epoch = 0
+        self.indices: list[int] = []
+
+    def start(self, epoch: int, sample: int, global_batch: int) -> int:
+        """From sample `sample` of `epoch`'s order on; returns the full steps that gives."""
+        steps = steps_left(self.size, sample, global_batch)
+        order = epoch_order(self.size, self.seed, epoch)
+        self.epoch = epoch
+        self.indices = rank_share(order, sample, steps, global_batch, self.rank, self.world_size)
+        return steps
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch, indices = self.epoch, self.indices
+        return ((epoch, index) for index in indices)
 
     def __len__(self) -> int:
-        return super().__len__() - self.start_index
+        return len(self.indices)
 
 
 @dataclass
 class Loaders:
     train: DataLoader
-    train_sampler: ResumableSampler
+    train_sampler: GlobalOrderSampler
     val: DataLoader | None
-    batch_size: int
+    batch_size: int  # per rank
+    world_size: int
 
     @property
     def train_size(self) -> int:
         return len(self.train.dataset)  # type: ignore[arg-type]
 
-    def batches_per_epoch(self) -> int:
-        """Full batches per rank in a whole epoch (the last partial batch is dropped)."""
-        return self.train_sampler.num_samples // self.batch_size
-
-    def start_epoch(self, epoch: int, skip_batches: int = 0) -> None:
-        self.train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        self.train_sampler.start_index = skip_batches * self.batch_size
+    def global_batch(self, accum: int) -> int:
+        """Samples per optimizer step, world-wide."""
+        return self.batch_size * self.world_size * accum
 
     def steps_per_epoch(self, accum: int) -> int:
-        return self.batches_per_epoch() // accum
+        return steps_left(self.train_size, 0, self.global_batch(accum))
+
+    def steps_left(self, position: DataPosition, accum: int) -> int:
+        return steps_left(self.train_size, position.sample, self.global_batch(accum))
 
     def epoch_batches(
         self, position: DataPosition, accum: int
     ) -> Iterator[tuple[list[Batch], float]]:
         """The rest of `position`'s epoch in groups of `accum` batches, with the seconds spent
-        waiting for each group; a resumed epoch starts where the checkpoint left it (the sampler
-        skips the indices already seen: nothing is loaded twice)."""
-        self.start_epoch(position.epoch, skip_batches=position.step_in_epoch * accum)
-        remaining = self.steps_per_epoch(accum) - position.step_in_epoch
+        waiting for each group; a resumed epoch starts at the sample the checkpoint left it at
+        (the sampler skips the samples already trained on: nothing is loaded twice)."""
+        if self.train_sampler.start(position.epoch, position.sample, self.global_batch(accum)) == 0:
+            return
         group: list[Batch] = []
         fetch_start = time.perf_counter()
         for batch in self.train:
@@ -130,10 +168,7 @@ class Loaders:
             if len(group) < accum:
                 continue
             yield group, time.perf_counter() - fetch_start
-            group, remaining = [], remaining - 1
-            if remaining == 0:
-                return
-            fetch_start = time.perf_counter()
+            group, fetch_start = [], time.perf_counter()
 
 
 class ToDevice:
@@ -158,19 +193,20 @@ def build_loaders(
     seed: int,
     worker_init_fn: Callable[[int], None] | None = None,
 ) -> Loaders:
-    """Shard with DistributedSampler even in one process, so `single` with batch B*N sees exactly
-    the batches that N ddp ranks with batch B see together (same permutation, same seed)."""
-    sampler = ResumableSampler(
-        data.train, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed
-    )
+    """Shard the epoch's global order even in one process, so `single` with batch B*N sees
+    exactly the batches that N ddp ranks with batch B see together (same order, same seed)."""
+    train_set = SeededSamples(data.train, seed)
+    sampler = GlobalOrderSampler(len(train_set), seed, env.rank, env.world_size)
+    sampler.start(0, 0, batch_size * env.world_size)  # the loader alone gives epoch 0 (benchmarks)
     common = _loader_options(data, env, seed, worker_init_fn)
-    # drop_last: equal batch sizes on every rank, so the all-reduced mean is the big-batch mean.
-    train = DataLoader(data.train, batch_size=batch_size, sampler=sampler, drop_last=True, **common)
+    # The sampler gives every rank whole steps: equal batch sizes on every rank, so the
+    # all-reduced mean is the big-batch mean.
+    train = DataLoader(train_set, batch_size=batch_size, sampler=sampler, drop_last=True, **common)
     val = None
     if data.val is not None:
         val_sampler = ShardSampler(len(data.val), env.rank, env.world_size)
         val = DataLoader(data.val, batch_size=batch_size, sampler=val_sampler, **common)
-    return Loaders(train, sampler, val, batch_size)
+    return Loaders(train, sampler, val, batch_size, env.world_size)
 
 
 def _loader_options(
@@ -182,7 +218,7 @@ def _loader_options(
         "collate_fn": DropUnreadable(data.input_shape),
         # Pinned host memory lets the copy to the GPU overlap with compute (non_blocking=True).
         "pin_memory": env.device.type == "cuda",
-        # Seeds the workers' RNGs (random crops, flips) from the run's seed.
+        # Seeds the workers' own RNGs; training samples' augmentation is seeded per sample.
         "generator": torch.Generator().manual_seed(seed + env.rank),
     }
     if num_workers > 0:
