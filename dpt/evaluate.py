@@ -79,6 +79,8 @@ def evaluate(
     loss_fn = nn.CrossEntropyLoss(reduction="none")
     was_training = model.training
     model.eval()
+    # Agreed before the first forward: a collective of its own amid fsdp's would mismatch them.
+    padding = _missing_forwards(len(loader), env) if lockstep_shape is not None else 0
     for inputs, labels, _ in loader:
         if not len(labels) and lockstep_shape is None:  # all unreadable (the loader counted them)
             continue
@@ -93,25 +95,17 @@ def evaluate(
         for name in ("acc1", "acc5"):
             if name in collection:
                 collection[name].update(logits, labels)
-    if lockstep_shape is not None:
-        _pad_forwards(model, len(loader), env, autocast, to_device(torch.zeros(0, *lockstep_shape)))
+    for _ in range(padding):
+        with autocast():
+            model(to_device(torch.zeros(0, *lockstep_shape or ())))
     model.train(was_training)
     # compute() all-gathers the metric states from every rank (sums: uneven shards are fine).
     return {f"val/{k}": float(v) for k, v in collection.compute().items()}
 
 
-def _pad_forwards(
-    model: nn.Module,
-    done: int,
-    env: DistEnv,
-    autocast: Callable[[], AbstractContextManager[Any]],
-    empty: torch.Tensor,
-) -> None:
-    """Forwards on an empty batch until this rank has run as many as the busiest rank."""
-    most = max(int(row[0]) for row in all_gather_floats([float(done)], env))
-    for _ in range(most - done):
-        with autocast():
-            model(empty)
+def _missing_forwards(batches: int, env: DistEnv) -> int:
+    """How many batches fewer than the busiest rank this rank has."""
+    return max(int(row[0]) for row in all_gather_floats([float(batches)], env)) - batches
 
 
 def _accuracy(torchmetrics: Any, num_classes: int, top_k: int) -> Any:

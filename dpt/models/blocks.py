@@ -7,9 +7,13 @@ wrapped blocks (the order PyTorch's FSDP2 expects: recomputation inside the shar
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
+from collections.abc import Iterator
+from typing import Any
 
+import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
@@ -48,7 +52,32 @@ def recompute_in_backward(model: nn.Module) -> None:
             f"model.activation_checkpointing=true: dpt knows no blocks of {type(model).__name__} "
             "(it knows the MLP's layers and the ResNets' residual blocks)"
         )
-    wrapper = functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    wrapper = _recomputed
     apply_activation_checkpointing(
         model, checkpoint_wrapper_fn=wrapper, check_fn=targets.__contains__
     )
+
+
+def _recomputed(block: nn.Module) -> nn.Module:
+    return checkpoint_wrapper(
+        block,
+        checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+        context_fn=functools.partial(_contexts, block),
+    )
+
+
+def _contexts(block: nn.Module) -> tuple[Any, Any]:
+    """(forward, recomputation) contexts: the recomputation must not count as a second batch
+    for BatchNorm's running statistics, which a training-mode forward updates."""
+    return contextlib.nullcontext(), _buffers_kept(block)
+
+
+@contextlib.contextmanager
+def _buffers_kept(block: nn.Module) -> Iterator[None]:
+    kept = [(buffer, buffer.clone()) for buffer in block.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in kept:
+                buffer.copy_(value)
