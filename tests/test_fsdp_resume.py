@@ -38,21 +38,43 @@ def _world(ranks: int) -> list[str]:
     return [f"launcher.nproc_per_node={ranks}", f"trainer.batch_size={GLOBAL_BATCH // ranks}"]
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 steps on 2 fsdp ranks uninterrupted (`whole`), and the first 25 of them (`first`)."""
+    root = tmp_path_factory.mktemp("fsdp-resume")
+    train(root / "whole", *COMMON, *_world(2), "trainer.max_steps=40", timeout=300)
+    train(root / "first", *COMMON, *_world(2), "trainer.max_steps=25", timeout=300)
+    return root
+
+
+def _resume_on(runs: Path, ranks: int) -> dict[str, torch.Tensor]:
+    resumed = runs / f"on{ranks}"
+    shutil.copytree(runs / "first", resumed)
+    result = train(resumed, *COMMON, *_world(ranks), "trainer.max_steps=40", timeout=300)
+    assert "resumed from" in result.stdout and "at step 25" in result.stdout
+    return load_weights(resumed)
+
+
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=True, reason="needs the samples-based data position (issue12-data)")
-def test_fsdp_resumed_on_another_world_size_ends_where_the_uninterrupted_run_ends(
-    tmp_path: Path,
-) -> None:
-    train(tmp_path / "whole", *COMMON, *_world(2), "trainer.max_steps=40", timeout=300)
-    train(tmp_path / "first", *COMMON, *_world(2), "trainer.max_steps=25", timeout=300)
-    whole = load_weights(tmp_path / "whole")
+def test_fsdp_resumed_on_the_same_ranks_ends_where_the_uninterrupted_run_ends(runs: Path) -> None:
+    whole = load_weights(runs / "whole")
     assert whole.keys() == MLP((32,), 10, [64, 64]).state_dict().keys()  # gathered, unwrapped
-    for ranks in (1, 3):
-        resumed = tmp_path / f"on{ranks}"
-        shutil.copytree(tmp_path / "first", resumed)
-        result = train(resumed, *COMMON, *_world(ranks), "trainer.max_steps=40", timeout=300)
-        assert "resumed from" in result.stdout and "at step 25" in result.stdout
-        assert max_abs_diff(load_weights(resumed), whole) < 1e-5
+    assert max_abs_diff(load_weights(runs / "first"), whole) > 1e-3  # the last 15 steps count
+    assert max_abs_diff(_resume_on(runs, 2), whole) < 1e-5
+
+
+# Today a checkpoint holds one RNG state per rank that wrote it: a third rank finds none of its own.
+NEEDS_WORLD_FREE_RNG = pytest.mark.xfail(
+    strict=True, reason="needs the samples-based data position and RNG state (issue12-data)"
+)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("ranks", [1, pytest.param(3, marks=NEEDS_WORLD_FREE_RNG)])
+def test_fsdp_resumed_on_another_world_size_ends_where_the_uninterrupted_run_ends(
+    runs: Path, ranks: int
+) -> None:
+    assert max_abs_diff(_resume_on(runs, ranks), load_weights(runs / "whole")) < 1e-5
 
 
 # --- the resharding itself, without the data and RNG parts -------------------------------------
