@@ -106,7 +106,7 @@ def _train(strategy: str, env: Any, warmup: int, steps: int) -> dict[str, float]
 
 def run(worlds: list[int], rounds: int, quick: bool, threads: int, say: Any) -> dict[str, Any]:
     """Every world size, ddp and fsdp alternated `rounds` times."""
-    warmup, steps = (1, 1) if quick else (2, 5)
+    warmup, steps = (1, 1) if quick else (1, 3)
     results: dict[str, Any] = {"worlds": {}, "parameters": parameters(), "steps": steps}
     for world in worlds:
         runs: dict[str, list[list[dict[str, float]]]] = {s: [] for s in STRATEGIES}

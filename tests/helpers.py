@@ -229,13 +229,16 @@ def job_tb(sweep: Path, job: int) -> Path:
 
 def compose(*overrides: str) -> Any:
     """The config `train.py` would run with these overrides, composed in this process (as
-    often as needed: Hydra's global state from the last composition is cleared first)."""
+    often as needed: Hydra's global state is cleared before and after, for the next test)."""
     from hydra.core.global_hydra import GlobalHydra
 
     from dpt.cli import compose_from_argv
 
     GlobalHydra.instance().clear()
-    return compose_from_argv(list(overrides))
+    try:
+        return compose_from_argv(list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
 
 
 @contextlib.contextmanager
