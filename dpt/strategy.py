@@ -18,11 +18,11 @@ from dpt.models.blocks import blocks
 
 log = logging.getLogger("dpt")
 
-# `strategy.comm_hook`: the names live in dpt.config (checked there before any process starts,
-# without torch); each maps to torch's `<name>_compress_hook`.
 # `strategy.reduce_dtype` of fsdp (names checked in dpt.config).
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
+# `strategy.comm_hook`: the names live in dpt.config (checked there before any process starts,
+# without torch); each maps to torch's `<name>_compress_hook`.
 COMM_HOOKS: dict[str, Callable[..., Any]] = {
     name: getattr(default_hooks, f"{name}_compress_hook") for name in COMM_HOOK_NAMES
 }
@@ -140,7 +140,7 @@ class FSDP(Strategy):
             "mesh": init_device_mesh(env.device.type, (env.world_size,)),
             "reshard_after_forward": self.reshard_after_forward,
             "mp_policy": self.mixed_precision(precision),
-            "offload_policy": CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy(),
+            "offload_policy": CPUOffloadPolicy() if self._offloads(env) else OffloadPolicy(),
         }
         # Blocks first, then the root (whose own parameters are what no block holds): each
         # block is one all-gather, freed again after use.
@@ -148,6 +148,15 @@ class FSDP(Strategy):
             fully_shard(block, **options)
         fully_shard(model, **options)
         return model
+
+    def _offloads(self, env: DistEnv) -> bool:
+        # FSDP2 computes on the accelerator and keeps the shards in CPU memory between uses; on
+        # the CPU there is nothing to offload (and it would look for CUDA).
+        if self.cpu_offload and env.device.type == "cpu":
+            if env.is_main:
+                log.warning("strategy.cpu_offload=true: the device is the CPU already; ignored")
+            return False
+        return self.cpu_offload
 
     def mixed_precision(self, precision: str) -> Any:
         """bf16-mixed: parameters gathered and computed in bf16, the fp32 shards updated."""
