@@ -142,6 +142,8 @@ class FSDP(Strategy):
             "mp_policy": self.mixed_precision(precision),
             "offload_policy": CPUOffloadPolicy() if self._offloads(env) else OffloadPolicy(),
         }
+        if options["mp_policy"].param_dtype is not None:
+            _keep_batchnorm_fp32(model, options)
         # Blocks first, then the root (whose own parameters are what no block holds): each
         # block is one all-gather, freed again after use.
         for block in blocks(model):
@@ -164,3 +166,16 @@ class FSDP(Strategy):
 
         param_dtype = torch.bfloat16 if precision == "bf16-mixed" else None
         return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=self.reduce_dtype)
+
+
+def _keep_batchnorm_fp32(model: nn.Module, options: dict[str, Any]) -> None:
+    """BatchNorm's running statistics are fp32 buffers, which FSDP does not cast: its weights
+    must stay fp32 too (its own unit, inputs cast up; autocast casts back for the next layer)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    fp32 = MixedPrecisionPolicy(
+        param_dtype=torch.float32, reduce_dtype=options["mp_policy"].reduce_dtype
+    )
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            fully_shard(module, **{**options, "mp_policy": fp32})

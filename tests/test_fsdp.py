@@ -180,3 +180,21 @@ def test_activation_checkpointing_recomputes_blocks_and_keeps_less(tmp_path: Pat
     )
     assert (plain_calls, recompute_calls) == (1, 2)  # each block's forward runs again in backward
     assert recompute_saved < 0.5 * plain_saved
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_fsdp_trains_resnet18_in_bf16_with_recomputation(tmp_path: Path) -> None:
+    """Blocks sharded, bf16 weights gathered (BatchNorm kept fp32), recomputed in backward."""
+    import torchvision
+
+    from tests.helpers import load_weights, train
+
+    train(
+        tmp_path, "strategy=fsdp", "trainer.precision=bf16-mixed", *MODELS["resnet18"],
+        "model.activation_checkpointing=true", "trainer.max_steps=3", "trainer.batch_size=4",
+        timeout=380,
+    )  # fmt: skip
+    weights = load_weights(tmp_path)
+    assert {t.dtype for t in weights.values() if t.is_floating_point()} == {torch.float32}
+    torchvision.models.resnet18(num_classes=10).load_state_dict(weights)
