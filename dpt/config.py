@@ -66,6 +66,8 @@ class CheckpointConfig:
 class MLPConfig:
     _target_: str = "dpt.models.mlp.MLP"
     hidden_dims: list[int] = MISSING
+    # Recompute each block's activations in backward (not passed to `_target_`: see build_model).
+    activation_checkpointing: bool = MISSING
 
 
 @dataclass
@@ -74,6 +76,7 @@ class ResNetConfig:
     arch: str = MISSING
     weights: str | None = MISSING  # a local state_dict file; nothing is ever downloaded
     channels_last: bool = MISSING
+    activation_checkpointing: bool = MISSING
 
 
 @dataclass
@@ -139,6 +142,15 @@ class DDPConfig:
     static_graph: bool = MISSING
     find_unused_parameters: bool = MISSING
     comm_hook: str | None = MISSING  # bf16 | fp16: compress gradients for the all-reduce
+
+
+@dataclass
+class FSDPConfig:
+    _target_: str = "dpt.strategy.FSDP"
+    distributed: ClassVar[bool] = True
+    reshard_after_forward: bool = MISSING
+    cpu_offload: bool = MISSING
+    reduce_dtype: str = MISSING  # fp32 | bf16: the dtype of the gradient reduce-scatter
 
 
 @dataclass
@@ -237,7 +249,12 @@ class Config:
 SCHEMAS: dict[str, dict[str, type]] = {
     "model": {"mlp": MLPConfig, "resnet18": ResNetConfig, "resnet50": ResNetConfig},
     "dataset": {"synthetic": SyntheticConfig, "coco": CocoConfig, "fake_images": FakeImagesConfig},
-    "strategy": {"single": SingleConfig, "dp": DPConfig, "ddp": DDPConfig},
+    "strategy": {
+        "single": SingleConfig,
+        "dp": DPConfig,
+        "ddp": DDPConfig,
+        "fsdp": FSDPConfig,
+    },
     "launcher": {
         "local": LocalLauncherConfig,
         "torchrun": TorchrunLauncherConfig,
@@ -299,6 +316,8 @@ PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 # the wire), for worlds whose network, not compute, bounds the step. bf16 keeps fp32's exponent
 # range (no overflow); fp16 has 3 more mantissa bits and overflows above 65504.
 COMM_HOOK_NAMES = ("bf16", "fp16")
+# `strategy.reduce_dtype` of fsdp: bf16 halves the reduce-scatter's bytes, fp32 sums exactly.
+REDUCE_DTYPES = ("fp32", "bf16")
 # What validation reports (dpt/evaluate.py); `val/acc5` needs 5 classes or more. `val/samples`
 # is reported too, but it counts samples: not a metric to stop on.
 VAL_METRICS = ("val/loss", "val/acc1", "val/acc5")
@@ -348,6 +367,16 @@ def validate(cfg: DictConfig) -> None:
     _validate_group(cfg.strategy, "strategy", {"bucket_cap_mb": 1e-3})
     if cfg.strategy.get("comm_hook") is not None:
         _check_choice("strategy.comm_hook", cfg.strategy.comm_hook, COMM_HOOK_NAMES)
+    if OmegaConf.get_type(cfg.strategy) is FSDPConfig:
+        _validate_fsdp(cfg.strategy, cfg.trainer)
+
+
+def _validate_fsdp(strategy: DictConfig, trainer: DictConfig) -> None:
+    _check_choice("strategy.reduce_dtype", strategy.reduce_dtype, REDUCE_DTYPES)
+    # GradScaler's overflow check sees only this rank's gradient shards: ranks could disagree on
+    # skipping a step, and their shards of the model would drift apart.
+    _check(trainer.precision != "16-mixed", "trainer.precision", trainer.precision,
+           "not supported with strategy=fsdp; use bf16-mixed")  # fmt: skip
 
 
 SCHEDULER_MINIMUMS = {"warmup_steps": 0, "min_lr": 0.0, "step_size": 1, "gamma": 0.0}

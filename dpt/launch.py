@@ -39,7 +39,8 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
 
 
 class LocalLauncher:
-    """Workers on this machine: ddp through `elastic_launch`, everything else in this process."""
+    """Workers on this machine: ddp and fsdp through `elastic_launch`, the others in this
+    process."""
 
     def __init__(self, nproc_per_node: str, max_restarts: int) -> None:
         self.nproc_per_node = nproc_per_node
@@ -51,7 +52,8 @@ class LocalLauncher:
         if not is_distributed(cfg.strategy):
             return run_worker(resolved(cfg), str(run_dir))
         nproc = self.processes(cfg.trainer.device)
-        log.info(f"starting {nproc} ddp workers through torch.distributed's elastic launcher")
+        name = get_class(cfg.strategy._target_).name
+        log.info(f"starting {nproc} {name} workers through torch.distributed's elastic launcher")
         return launch_local_world(
             resolved(cfg), run_dir, nproc, self.max_restarts, cfg.trainer.timeout_s
         )

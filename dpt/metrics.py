@@ -12,6 +12,7 @@ import logging
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,10 @@ class MetricsLogger:
         env: DistEnv,
         log_every_n_steps: int,
         total_steps: int,
+        memory: Callable[[], dict[str, float]] | None = None,  # per-rank sizes (dpt.memory)
     ) -> None:
         self.env, self.tb = env, dashboard.place(run_dir)
+        self.memory = memory
         self.log_every = log_every_n_steps
         self.total_steps = total_steps
         self.purge_step: int | None = None
@@ -175,6 +178,8 @@ class MetricsLogger:
         }
         if self._grad_norms:  # mean pre-clip global norm over the window
             rank_scalars["optim/grad_norm"] = mine["grad_norm"] / steps
+        if self.memory is not None:
+            rank_scalars |= self.memory()
         if self.env.device.type == "cuda":
             rank_scalars["memory/cuda_allocated_gb"] = torch.cuda.memory_allocated() / 2**30
             rank_scalars["memory/cuda_max_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30

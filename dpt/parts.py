@@ -22,6 +22,7 @@ from dpt.early_stopping import EarlyStopping
 from dpt.errors import DptError
 from dpt.evaluate import Validation
 from dpt.logs import setup_logging
+from dpt.memory import MemoryUse
 from dpt.metrics import MetricsLogger
 from dpt.models import build_model
 from dpt.precision import Precision
@@ -85,7 +86,7 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
     loaders = build_loaders(data, env, t.batch_size, t.seed, worker_init)
     torch.manual_seed(t.seed)  # identical initial weights on every rank, every strategy
     model = build_model(groups.model, data.input_shape, data.num_classes).to(env.device)
-    model = strategy.wrap(model, env)
+    model = strategy.wrap(model, env, t.precision)
     if t.compile:
         model = torch.compile(model)
     optimizer = build(groups.optimizer)(model.parameters())
@@ -97,9 +98,11 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
         settings=t, checkpoint=cfg.checkpoint, env=env, run_dir=run_dir, strategy=strategy,
         loaders=loaders, model=model, optimizer=optimizer, scheduler=scheduler,
         precision=precision, to_device=to_device,
-        metrics=MetricsLogger(run_dir, env, t.log_every_n_steps, total_steps),
+        metrics=MetricsLogger(run_dir, env, t.log_every_n_steps, total_steps,
+                              MemoryUse(model, optimizer).scalars),
         agreement=Agreement(env, total_steps, t.on_nonfinite),
-        validation=Validation(loaders.val, env, data.num_classes, precision.autocast, to_device),
+        validation=Validation(loaders.val, env, data.num_classes, precision.autocast, to_device,
+                              _lockstep_shape(strategy, env, data.input_shape)),
         early_stopping=EarlyStopping(t.early_stopping, verbose=env.is_main),
         total_steps=total_steps,
         global_batch=strategy.global_batch(t.batch_size, env) * t.grad_accum_steps,
@@ -118,6 +121,13 @@ def planned_steps(loaders: Loaders, settings: TrainerConfig, world_size: int) ->
         )
     total = per_epoch * settings.epochs
     return min(total, settings.max_steps) if settings.max_steps else total
+
+
+def _lockstep_shape(
+    strategy: Strategy, env: DistEnv, input_shape: tuple[int, ...]
+) -> tuple[int, ...] | None:
+    """One input's shape where validation must keep the ranks' forwards in step (fsdp)."""
+    return tuple(input_shape) if strategy.lockstep_forward and env.distributed else None
 
 
 def _init_loader_worker(rank: int, log_file: Path, worker_id: int) -> None:

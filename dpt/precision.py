@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from dpt.errors import DptError
 
@@ -40,7 +41,7 @@ class Precision:
             return None
         if self.scaler:
             self.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-        return nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return clip_by_global_norm(list(model.parameters()), max_norm)
 
     def state_dict(self) -> dict[str, Any]:
         """The fp16 loss scale and its growth tracker ({} when there is no scaler)."""
@@ -56,3 +57,16 @@ class Precision:
             self.scaler.update()
         else:
             optimizer.step()
+
+
+def clip_by_global_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Scale the gradients so that their norm over the whole model is at most `max_norm`;
+    returns that norm before clipping. Under fsdp each rank holds shards of the gradients
+    (DTensors): their norm is a partial one until summed over the ranks (`full_tensor`), and
+    every rank must clip by the same, global, norm."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = nn.utils.get_total_norm(grads)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -77,6 +78,14 @@ class ModelState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_model_state_dict(unwrap(self.model), state)
+
+
+def full_state_dict(model: nn.Module) -> dict[str, Any]:
+    """The whole model's weights as plain CPU tensors, on rank 0 ({} on the others), under every
+    strategy: fsdp's shards are gathered (all ranks must call this). Loads into the bare model
+    with `torch.load(weights_only=True)` and `load_state_dict`."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(unwrap(model), options=options)
 
 
 class OptimizerState:

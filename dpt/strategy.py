@@ -1,4 +1,4 @@
-"""How the model is spread over devices: single, DataParallel, DistributedDataParallel."""
+"""How the model is spread over devices: single, DataParallel, DistributedDataParallel, FSDP."""
 
 from __future__ import annotations
 
@@ -14,8 +14,12 @@ from torch.nn.parallel import DistributedDataParallel
 from dpt.config import COMM_HOOK_NAMES
 from dpt.distributed import DistEnv
 from dpt.errors import DptError
+from dpt.models.blocks import blocks
 
 log = logging.getLogger("dpt")
+
+# `strategy.reduce_dtype` of fsdp (names checked in dpt.config).
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 # `strategy.comm_hook`: the names live in dpt.config (checked there before any process starts,
 # without torch); each maps to torch's `<name>_compress_hook`.
@@ -29,8 +33,11 @@ class Strategy:
     schema (`dpt.config.is_distributed`), known without importing torch."""
 
     name: ClassVar[str] = "single"
+    # Every forward is a collective (fsdp gathers each block's weights): all ranks must run the
+    # same number of them, also in validation, whose shards may differ by a batch.
+    lockstep_forward: ClassVar[bool] = False
 
-    def wrap(self, model: nn.Module, env: DistEnv) -> nn.Module:
+    def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         return model
 
     def global_batch(self, batch_size: int, env: DistEnv) -> int:
@@ -50,7 +57,7 @@ class DataParallel(Strategy):
     def __init__(self, device_ids: list[int] | None) -> None:
         self.device_ids = None if device_ids is None else list(device_ids)
 
-    def wrap(self, model: nn.Module, env: DistEnv) -> nn.Module:
+    def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         gpus = torch.cuda.device_count() if env.device.type == "cuda" else 0
         if self.device_ids is not None:
             if max(self.device_ids, default=0) >= gpus:
@@ -90,7 +97,7 @@ class DDP(Strategy):
         self.find_unused_parameters = find_unused_parameters
         self.comm_hook = comm_hook
 
-    def wrap(self, model: nn.Module, env: DistEnv) -> nn.Module:
+    def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         if not torch.distributed.is_initialized():
             return model  # a world of one: nothing to synchronise
         ddp = DistributedDataParallel(
@@ -106,3 +113,69 @@ class DDP(Strategy):
             # state=None: the hooks then use the default process group (the training world).
             ddp.register_comm_hook(state=None, hook=COMM_HOOKS[self.comm_hook])
         return ddp
+
+
+class FSDP(Strategy):
+    """One process per device; `batch_size` is per process. Parameters, gradients and optimizer
+    state are split over the ranks (PyTorch's FSDP2): each block's weights are all-gathered for
+    its forward and backward, its gradients reduce-scattered (mean) to their owners."""
+
+    name = "fsdp"
+    lockstep_forward = True
+
+    def __init__(self, reshard_after_forward: bool, cpu_offload: bool, reduce_dtype: str) -> None:
+        if reduce_dtype not in REDUCE_DTYPES:
+            raise ValueError(f"reduce_dtype must be one of {', '.join(REDUCE_DTYPES)}")
+        self.reshard_after_forward = reshard_after_forward
+        self.cpu_offload = cpu_offload
+        self.reduce_dtype = REDUCE_DTYPES[reduce_dtype]
+
+    def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
+        if not torch.distributed.is_initialized():
+            return model  # a world of one: nothing to shard; its checkpoints load sharded
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+        options: dict[str, Any] = {
+            "mesh": init_device_mesh(env.device.type, (env.world_size,)),
+            "reshard_after_forward": self.reshard_after_forward,
+            "mp_policy": self.mixed_precision(precision),
+            "offload_policy": CPUOffloadPolicy() if self._offloads(env) else OffloadPolicy(),
+        }
+        if options["mp_policy"].param_dtype is not None:
+            _keep_batchnorm_fp32(model, options)
+        # Blocks first, then the root (whose own parameters are what no block holds): each
+        # block is one all-gather, freed again after use.
+        for block in blocks(model):
+            fully_shard(block, **options)
+        fully_shard(model, **options)
+        return model
+
+    def _offloads(self, env: DistEnv) -> bool:
+        # FSDP2 computes on the accelerator and keeps the shards in CPU memory between uses; on
+        # the CPU there is nothing to offload (and it would look for CUDA).
+        if self.cpu_offload and env.device.type == "cpu":
+            if env.is_main:
+                log.warning("strategy.cpu_offload=true: the device is the CPU already; ignored")
+            return False
+        return self.cpu_offload
+
+    def mixed_precision(self, precision: str) -> Any:
+        """bf16-mixed: parameters gathered and computed in bf16, the fp32 shards updated."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        param_dtype = torch.bfloat16 if precision == "bf16-mixed" else None
+        return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=self.reduce_dtype)
+
+
+def _keep_batchnorm_fp32(model: nn.Module, options: dict[str, Any]) -> None:
+    """BatchNorm's running statistics are fp32 buffers, which FSDP does not cast: its weights
+    must stay fp32 too (its own unit, inputs cast up; autocast casts back for the next layer)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    fp32 = MixedPrecisionPolicy(
+        param_dtype=torch.float32, reduce_dtype=options["mp_policy"].reduce_dtype
+    )
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            fully_shard(module, **{**options, "mp_policy": fp32})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,17 @@ class TrainResult:
     val: dict[str, float]
     best_val: dict[str, float]
     stopped_early: bool
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model: Any) -> Iterator[None]:
+    """FSDP2's `no_sync`: gradients accumulate unsharded on each rank until the last micro-batch,
+    whose backward reduce-scatters their sum once."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 class Trainer:
@@ -125,8 +137,14 @@ class Trainer:
         return (losses[0] if len(losses) == 1 else torch.stack(losses).sum()), work_s
 
     def no_sync(self, skip_sync: bool) -> contextlib.AbstractContextManager[Any]:
+        if not skip_sync:
+            return contextlib.nullcontext()
         no_sync = getattr(self.model, "no_sync", None)  # DDP (also through torch.compile)
-        return no_sync() if skip_sync and no_sync is not None else contextlib.nullcontext()
+        if no_sync is not None:
+            return no_sync()
+        if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2
+            return _fsdp_no_sync(self.model)
+        return contextlib.nullcontext()
 
     # --- agreement: the one collective per window --------------------------------------------
 

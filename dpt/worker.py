@@ -25,9 +25,9 @@ from dpt.distributed import (
 from dpt.errors import DptError, could_not_write, is_disk_full, one_line
 from dpt.interrupt import Interrupted
 from dpt.logs import TRACE_LOGGER_NAME, setup_logging
-from dpt.models import unwrap
 from dpt.parts import Parts, RunConfig, build_parts
 from dpt.rollcall import RollCall
+from dpt.state import full_state_dict
 from dpt.trainer import Trainer, TrainResult
 
 log = logging.getLogger("dpt")
@@ -134,13 +134,14 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     try:
         result = trainer.fit()
         summary = _summary(result, env, parts.global_batch, hparams)
+        weights = full_state_dict(parts.model)  # all ranks: fsdp gathers the shards to rank 0
         if env.is_main:
             log.info(
                 f"done: {result.steps} steps in {result.wall_time_s:.1f} s | "
                 f"{summary['samples_per_s']:,.0f} samples/s (world) | final loss "
                 f"{_fmt(result.final_loss)} | run folder {run_dir}"
             )
-            _write_outputs(run_dir, unwrap(parts.model), summary)
+            _write_outputs(run_dir, weights, summary)
         ended = True
     except Interrupted:
         ended = None  # stopped to be resumed: the session goes on in the resumed run
@@ -239,8 +240,7 @@ def _summary(
     }
 
 
-def _write_outputs(run_dir: Path, model: torch.nn.Module, summary: dict[str, Any]) -> None:
-    state = model.state_dict()
+def _write_outputs(run_dir: Path, state: dict[str, Any], summary: dict[str, Any]) -> None:
     checkpoint.write_atomically(run_dir / "model.pt", lambda f: torch.save(state, f), "model")
     text = (json.dumps(summary, indent=2) + "\n").encode()
     checkpoint.write_atomically(run_dir / "metrics.json", lambda f: f.write(text), "metrics")

@@ -10,7 +10,9 @@ Sections: `loops` (dpt against a hand-written loop at log_every_n_steps 10 and 5
 vs ddp), `startup` (time to the first optimizer step; whole-process cost per step; cost of
 logging every step), `pipeline` (JPEG images/s per loader worker), `sync` (gradient all-reduce bus
 bandwidth; dpt's per-step and per-window calls), `gpu` (ResNet-18 bf16 channels_last, synthetic
-and GPU-decoded JPEG; runs only where CUDA is available).
+and GPU-decoded JPEG; runs only where CUDA is available), `memory` (not run by default: ddp
+against fsdp, memory per rank and throughput for a 105 M-parameter MLP; about 2 GiB per ddp rank;
+writes only its own section of the report).
 
 Every comparison alternates its contenders run by run (A, B, A, B, ...) and reports medians and
 paired ratios: on a shared machine single absolute times say little. Runs go to a temporary
@@ -29,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import bench_memory
 import bench_pipeline
 import bench_report
 import bench_runs as runs
@@ -37,14 +40,19 @@ import torch
 from bench_common import REPO
 from bench_runs import Job, Workload
 
-SECTIONS = ("loops", "startup", "pipeline", "sync", "gpu")
+SECTIONS = ("loops", "startup", "pipeline", "sync", "gpu", "memory")
+DEFAULT_SECTIONS = SECTIONS[:-1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round, 1 cadence")
     p.add_argument("--out", type=Path, default=REPO / "docs", help="where the report goes")
-    p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
+    p.add_argument(
+        "--sections",
+        default=",".join(DEFAULT_SECTIONS),
+        help=f"comma-separated: {', '.join(SECTIONS)}",
+    )
     p.add_argument("--rounds", type=int, default=None, help="A/B rounds (default 3, quick 1)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="for loops/startup")
     p.add_argument(
@@ -210,12 +218,19 @@ def gpu_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]
     }
 
 
+def memory_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, Any]:
+    """(8) ddp against fsdp: the training state per rank, and samples/s."""
+    worlds = args.worlds if args.world_sizes else [2, 4]
+    return {"memory": bench_memory.run(worlds, args.rounds, args.quick, args.threads, say)}
+
+
 RUNNERS = {
     "loops": loops_section,
     "startup": startup_section,
     "pipeline": pipeline_section,
     "sync": sync_section,
     "gpu": gpu_section,
+    "memory": memory_section,
 }
 
 
@@ -248,7 +263,12 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.save:
         args.save.write_bytes(pickle.dumps((results, meta)))
-    path = bench_report.write(args.out, results, meta)
+    if args.sections == ["memory"]:  # its own section of the report; the rest stays as it is
+        path = bench_memory.write_section(args.out / "performance.md", results["memory"])
+    else:
+        path = bench_report.write(args.out, results, meta)
+        if "memory" in results:
+            bench_memory.write_section(path, results["memory"])
     say(f"wrote {path}")
 
 

@@ -181,7 +181,7 @@ def sync_of(spec: SyncModel, env: DistEnv) -> dict[str, Any]:
     defaults = dpt_ddp_options()
 
     def wrap(**options: Any) -> nn.Module:
-        return DDP(**{**defaults, **options}).wrap(copy.deepcopy(model), env)
+        return DDP(**{**defaults, **options}).wrap(copy.deepcopy(model), env, "32")
 
     def timed(**options: Any) -> tuple[nn.Module, BucketTimer]:
         ddp, timer = wrap(**options), BucketTimer()

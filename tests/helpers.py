@@ -228,13 +228,17 @@ def job_tb(sweep: Path, job: int) -> Path:
 
 
 def compose(*overrides: str) -> Any:
-    """The config `train.py` would run with these overrides, composed in this process."""
+    """The config `train.py` would run with these overrides, composed in this process (as
+    often as needed: Hydra's global state is cleared before and after, for the next test)."""
     from hydra.core.global_hydra import GlobalHydra
 
     from dpt.cli import compose_from_argv
 
-    GlobalHydra.instance().clear()  # composing again in one process: Hydra allows one at a time
-    return compose_from_argv(list(overrides))
+    GlobalHydra.instance().clear()
+    try:
+        return compose_from_argv(list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
 
 
 @contextlib.contextmanager

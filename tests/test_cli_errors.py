@@ -34,7 +34,7 @@ CASES = [
     ),
     (
         "strategy=foo",
-        "Error: no config 'strategy/foo'; available options in 'strategy': ddp, dp, single",
+        "Error: no config 'strategy/foo'; available options in 'strategy': ddp, dp, fsdp, single",
     ),
     (
         "optimizer=lbfgs",

@@ -32,12 +32,13 @@ CASES = {
     "help": (["--help"], 0),
     "cfg job": (["--cfg", "job", "strategy=ddp", "dataset=coco"], 0),
     "unknown key": (["trainer.lr=0.1"], 1),
-    "unknown option": (["strategy=fsdp"], 1),
+    "unknown option": (["strategy=zero3"], 1),
     "wrong type": (["trainer.batch_size=abc"], 1),
     "out of range": (["trainer.batch_size=0"], 1),
     "optimizer betas": (["optimizer.betas=[0.9,1.5]"], 1),
     "seed range": (["trainer.seed=4294967296"], 1),
     "comm hook": (["strategy=ddp", "strategy.comm_hook=int8"], 1),
+    "fsdp precision": (["strategy=fsdp", "trainer.precision=16-mixed"], 1),
     "early stopping": (["trainer.early_stopping.patience=2", "dataset.num_val_samples=0"], 1),
 }
 LIMIT_S = 2.0

@@ -161,7 +161,7 @@ def test_warmup_cosine_curve() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("strategy", ["single", "ddp"])
+@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp"])
 def test_non_finite_loss_stops_naming_step_and_rank(tmp_path: Path, strategy: str) -> None:
     result = train(
         tmp_path,

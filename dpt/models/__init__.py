@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import sys
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from dpt.config import build
 
+# A key of every model's config that dpt applies itself (to any model with blocks), not the target.
+RECOMPUTE_KEY = "activation_checkpointing"
+
 
 def build_model(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    model = build(cfg, input_shape=tuple(input_shape), num_classes=num_classes)
+    recompute = bool(cfg.get(RECOMPUTE_KEY, False))
+    target = OmegaConf.create(
+        {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != RECOMPUTE_KEY}
+    )
+    model = build(target, input_shape=tuple(input_shape), num_classes=num_classes)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model._target_ built a {type(model).__name__}, not a torch.nn.Module")
+    if recompute:
+        from dpt.models.blocks import recompute_in_backward
+
+        recompute_in_backward(model)
     return model
 
 

@@ -1,0 +1,47 @@
+"""What the training state occupies on this rank: parameters, gradients, optimizer state.
+
+Counted from the tensors this rank holds (under fsdp its shards: DTensor's local part), so the
+numbers show what sharding saves per rank; activations and allocator caches are not included
+(on CUDA the metrics also give the allocator's peak).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+MB = 2**20
+
+
+def local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes this rank holds of `tensor` (its shard, for a DTensor)."""
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return local.numel() * local.element_size()
+
+
+class MemoryUse:
+    """Per-rank sizes in MB, as metrics scalars (`memory/params_mb`, ...)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def scalars(self) -> dict[str, float]:
+        params = list(self.model.parameters())
+        return {
+            "memory/params_mb": _total(params),
+            # A gradient has its parameter's shape, sharding and dtype. Counted from the
+            # parameters: at log time the step has already set the gradients to None.
+            "memory/grads_mb": _total(p for p in params if p.requires_grad),
+            "memory/optimizer_mb": _total(self._optimizer_tensors()),
+        }
+
+    def _optimizer_tensors(self) -> Iterable[torch.Tensor]:
+        for state in self.optimizer.state.values():
+            yield from (v for v in state.values() if isinstance(v, torch.Tensor))
+
+
+def _total(tensors: Iterable[torch.Tensor]) -> float:
+    return sum(local_bytes(t) for t in tensors) / MB

@@ -1,0 +1,83 @@
+"""A model's blocks: the units that fsdp shards one by one and activation checkpointing recomputes.
+
+The MLP's blocks are its linear layers, a ResNet's its residual blocks (each stage's children).
+Found the same way before and after activation checkpointing wraps them, so fsdp shards the
+wrapped blocks (the order PyTorch's FSDP2 expects: recomputation inside the sharded unit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+)
+
+from dpt.errors import DptError
+from dpt.models.mlp import MLP
+
+RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's blocks in forward order; [] for a model dpt knows no blocks of."""
+    if isinstance(model, MLP):
+        return [layer for layer in model if any(True for _ in layer.parameters())]
+    if _is_resnet(model):
+        return [block for stage in RESNET_STAGES for block in getattr(model, stage)]
+    return []
+
+
+def _is_resnet(model: nn.Module) -> bool:
+    # torchvision is imported only where a ResNet was built: no import to find out it is not one.
+    resnet = sys.modules.get("torchvision.models.resnet")
+    return resnet is not None and isinstance(model, resnet.ResNet)
+
+
+def recompute_in_backward(model: nn.Module) -> None:
+    """Wrap each block in place: its activations are dropped after forward and recomputed in
+    backward (`torch.utils.checkpoint` without reentrance). State-dict keys stay the same: the
+    wrapper's hooks remove its own prefix, so checkpoints load with and without it."""
+    targets = set(blocks(model))
+    if not targets:
+        raise DptError(
+            f"model.activation_checkpointing=true: dpt knows no blocks of {type(model).__name__} "
+            "(it knows the MLP's layers and the ResNets' residual blocks)"
+        )
+    wrapper = _recomputed
+    apply_activation_checkpointing(
+        model, checkpoint_wrapper_fn=wrapper, check_fn=targets.__contains__
+    )
+
+
+def _recomputed(block: nn.Module) -> nn.Module:
+    return checkpoint_wrapper(
+        block,
+        checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+        context_fn=functools.partial(_contexts, block),
+    )
+
+
+def _contexts(block: nn.Module) -> tuple[Any, Any]:
+    """(forward, recomputation) contexts: the recomputation must not count as a second batch
+    for BatchNorm's running statistics, which a training-mode forward updates."""
+    return contextlib.nullcontext(), _buffers_kept(block)
+
+
+@contextlib.contextmanager
+def _buffers_kept(block: nn.Module) -> Iterator[None]:
+    kept = [(buffer, buffer.clone()) for buffer in block.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in kept:
+                buffer.copy_(value)
