@@ -63,14 +63,8 @@ def test_fsdp_resumed_on_the_same_ranks_ends_where_the_uninterrupted_run_ends(ru
     assert max_abs_diff(_resume_on(runs, 2), whole) < 1e-5
 
 
-# Today a checkpoint holds one RNG state per rank that wrote it: a third rank finds none of its own.
-NEEDS_WORLD_FREE_RNG = pytest.mark.xfail(
-    strict=True, reason="needs the samples-based data position and RNG state (issue12-data)"
-)
-
-
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("ranks", [1, pytest.param(3, marks=NEEDS_WORLD_FREE_RNG)])
+@pytest.mark.parametrize("ranks", [1, 3])
 def test_fsdp_resumed_on_another_world_size_ends_where_the_uninterrupted_run_ends(
     runs: Path, ranks: int
 ) -> None:
