@@ -1,4 +1,5 @@
-"""Changed optimizer and schedule settings take effect after a resume.
+"""Changed settings take effect after a resume: the optimizer's and the schedule's, the global
+batch (the epoch continues from the same sample), the world size (the RNG streams).
 
 Loading a checkpoint restores the optimizer's param groups (lr, betas, ...) and the scheduler's
 attributes (base lrs, warmup and total steps, step size) as they were written: a new
@@ -10,14 +11,21 @@ progress (steps done) kept and the current learning rate recomputed for that pro
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from dpt.resume_config import Change
+from dpt.state import derived_seed, seed_everything
+
+if TYPE_CHECKING:
+    from dpt.trainer import Trainer
+
+log = logging.getLogger("dpt")
 
 # What a schedule has done so far, as opposed to how it is set (torch's LRScheduler attributes).
 PROGRESS = ("last_epoch", "_step_count", "_get_lr_called_within_step", "_is_initial", "_last_lr")
@@ -73,3 +81,47 @@ def current_lrs(settings: Settings, scheduler: Any) -> list[float]:
         step, lambdas = scheduler.last_epoch, scheduler.lr_lambdas
         return [base * f(step) for base, f in zip(scheduler.base_lrs, lambdas, strict=True)]
     return [group["lr"] for group in settings.groups]  # a constant lr: the configured one
+
+
+def continue_data(trainer: Trainer) -> None:
+    """Another global batch continues the epoch from the sample the checkpoint stopped at (the
+    same global batch on another world size takes exactly the uninterrupted run's samples)."""
+    position, was = trainer.position, trainer.position.global_batch
+    if was == trainer.global_batch:
+        return
+    position.global_batch = trainer.global_batch
+    _replan(trainer)
+    if trainer.parts.env.is_main:
+        log.info(
+            f"resuming at sample {position.sample} of epoch {position.epoch + 1} with global "
+            f"batch {trainer.global_batch} (was {was}): the epoch continues from the same "
+            f"sample, {trainer.steps_left()} full step(s) left in it"
+        )
+
+
+def _replan(trainer: Trainer) -> None:
+    """The steps done were of the old global batch: the run's total is those plus what the
+    rest of its epochs give at the new one (capped by trainer.max_steps)."""
+    t, parts = trainer.settings, trainer.parts
+    later_epochs = max(0, t.epochs - trainer.position.epoch - 1)
+    per_epoch = parts.loaders.steps_per_epoch(t.grad_accum_steps)
+    total = trainer.progress.step + trainer.steps_left() + later_epochs * per_epoch
+    parts.total_steps = min(total, t.max_steps) if t.max_steps else total
+    parts.agreement.last_step = parts.total_steps
+    parts.metrics.replan(parts.total_steps)
+
+
+def rederive_rng(trainer: Trainer) -> None:
+    """A checkpoint of another world size holds other ranks' generators: every rank seeds
+    its own from (seed, rank, step) instead. Data order and augmentation do not use them."""
+    stored, trainer.rng.stored_world = trainer.rng.stored_world, None  # saves store this rank's
+    env = trainer.parts.env
+    if stored is None or stored == env.world_size:
+        return
+    seed_everything(derived_seed(trainer.settings.seed, env.rank, trainer.progress.step))
+    if env.is_main:
+        log.info(
+            f"the checkpoint holds random generators for {stored} rank(s), this run has "
+            f"{env.world_size}: every rank's are re-derived from (trainer.seed, rank, step "
+            f"{trainer.progress.step}); data order and augmentation do not depend on them"
+        )

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -26,6 +27,29 @@ REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 COMM_HOOKS: dict[str, Callable[..., Any]] = {
     name: getattr(default_hooks, f"{name}_compress_hook") for name in COMM_HOOK_NAMES
 }
+
+
+def skip_gradient_sync(model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+    """A backward that keeps its gradients on this rank (all but the last micro-batch of an
+    accumulated step): DDP's `no_sync`, FSDP2's `set_requires_gradient_sync(False)` (both reached
+    through torch.compile's wrapper too); nothing to skip for an unsynchronised model."""
+    no_sync = getattr(model, "no_sync", None)
+    if no_sync is not None:
+        return no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):
+        return _fsdp_no_sync(model)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model: Any) -> Iterator[None]:
+    """Gradients accumulate unsharded on each rank until the last micro-batch, whose backward
+    reduce-scatters their sum once."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 class Strategy:

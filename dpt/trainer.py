@@ -8,9 +8,7 @@ for the device or another rank, except the gradient all-reduce inside `backward`
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,18 +22,8 @@ from dpt.console import log_epoch
 from dpt.data.loaders import Batch
 from dpt.interrupt import Interrupted, StopRequest, stop_on_signals
 from dpt.parts import Parts
-from dpt.state import (
-    DataPosition,
-    ModelState,
-    OptimizerState,
-    PlainState,
-    Progress,
-    RNGState,
-    derived_seed,
-    seed_everything,
-)
-
-log = logging.getLogger("dpt")
+from dpt.state import DataPosition, ModelState, OptimizerState, PlainState, Progress, RNGState
+from dpt.strategy import skip_gradient_sync
 
 
 @dataclass
@@ -48,17 +36,6 @@ class TrainResult:
     val: dict[str, float]
     best_val: dict[str, float]
     stopped_early: bool
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(model: Any) -> Iterator[None]:
-    """FSDP2's `no_sync`: gradients accumulate unsharded on each rank until the last micro-batch,
-    whose backward reduce-scatters their sum once."""
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
 
 
 class Trainer:
@@ -122,7 +99,8 @@ class Trainer:
         for i, (inputs, labels, _) in enumerate(micro_batches):
             inputs, labels = self.parts.to_device(inputs), self.parts.to_device(labels)
             last = i == len(micro_batches) - 1
-            with self.no_sync(not last):  # ddp all-reduces once, in the last backward
+            # ddp all-reduces (fsdp reduce-scatters) once, in the last backward
+            with contextlib.nullcontext() if last else skip_gradient_sync(self.model):
                 with self.precision.autocast():
                     logits = self.model(inputs)
                     # A micro-batch of only unreadable images: a zero loss, so that ddp's
@@ -135,16 +113,6 @@ class Trainer:
                 self.precision.backward(loss)
             losses.append(loss.detach())
         return (losses[0] if len(losses) == 1 else torch.stack(losses).sum()), work_s
-
-    def no_sync(self, skip_sync: bool) -> contextlib.AbstractContextManager[Any]:
-        if not skip_sync:
-            return contextlib.nullcontext()
-        no_sync = getattr(self.model, "no_sync", None)  # DDP (also through torch.compile)
-        if no_sync is not None:
-            return no_sync()
-        if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2
-            return _fsdp_no_sync(self.model)
-        return contextlib.nullcontext()
 
     # --- agreement: the one collective per window --------------------------------------------
 
@@ -254,48 +222,5 @@ class Trainer:
         """Load the checkpoint `checkpoint.resume` picks, if any; the metrics continue there."""
         start = self.parts.checkpoints.resume(self.parts.checkpoint.resume, self.state_parts())
         if start is not None:
-            self.continue_data()
-            self.rederive_rng()
             self.parts.metrics.start_at(start.step)
         return start
-
-    def continue_data(self) -> None:
-        """Another global batch continues the epoch from the sample the checkpoint stopped at (the
-        same global batch on another world size takes exactly the uninterrupted run's samples)."""
-        position, was = self.position, self.position.global_batch
-        if was == self.global_batch:
-            return
-        position.global_batch = self.global_batch
-        self.replan()
-        if self.parts.env.is_main:
-            log.info(
-                f"resuming at sample {position.sample} of epoch {position.epoch + 1} with global "
-                f"batch {self.global_batch} (was {was}): the epoch continues from the same "
-                f"sample, {self.steps_left()} full step(s) left in it"
-            )
-
-    def replan(self) -> None:
-        """The steps done were of the old global batch: the run's total is those plus what the
-        rest of its epochs give at the new one (capped by trainer.max_steps)."""
-        t, parts = self.settings, self.parts
-        later_epochs = max(0, t.epochs - self.position.epoch - 1)
-        per_epoch = parts.loaders.steps_per_epoch(t.grad_accum_steps)
-        total = self.progress.step + self.steps_left() + later_epochs * per_epoch
-        parts.total_steps = min(total, t.max_steps) if t.max_steps else total
-        parts.agreement.last_step = parts.total_steps
-        parts.metrics.replan(parts.total_steps)
-
-    def rederive_rng(self) -> None:
-        """A checkpoint of another world size holds other ranks' generators: every rank seeds
-        its own from (seed, rank, step) instead. Data order and augmentation do not use them."""
-        stored, self.rng.stored_world = self.rng.stored_world, None  # saves store this rank's
-        env = self.parts.env
-        if stored is None or stored == env.world_size:
-            return
-        seed_everything(derived_seed(self.settings.seed, env.rank, self.progress.step))
-        if env.is_main:
-            log.info(
-                f"the checkpoint holds random generators for {stored} rank(s), this run has "
-                f"{env.world_size}: every rank's are re-derived from (trainer.seed, rank, step "
-                f"{self.progress.step}); data order and augmentation do not depend on them"
-            )

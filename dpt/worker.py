@@ -162,6 +162,8 @@ def _resume(trainer: Trainer, parts: Parts) -> dict[str, Any] | None:
         return None
     log.info(f"resumed from {resumed.path} at step {resumed.step}")
     resume_apply.apply(configured, parts.optimizer, parts.scheduler, resumed.changes)
+    resume_apply.continue_data(trainer)  # another global batch: from the same sample
+    resume_apply.rederive_rng(trainer)  # another world size: the RNG streams
     return _finished(parts.run_dir, resumed, parts.total_steps, parts.env)
 
 
