@@ -15,7 +15,16 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dpt.models.mlp import MLP
-from tests.helpers import FAST, REPO, TRAIN, load_weights, max_abs_diff, run_cmd, train
+from tests.helpers import (
+    FAST,
+    REPO,
+    TRAIN,
+    committed_checkpoints,
+    load_weights,
+    max_abs_diff,
+    run_cmd,
+    train,
+)
 
 pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
 
@@ -171,7 +180,7 @@ def test_torchrun_makes_exactly_one_run_folder(tmp_path: Path) -> None:
             "--standalone",
             "--nproc_per_node=2",
             str(TRAIN),
-            "strategy=ddp",
+            "strategy=fsdp",  # ddp under torchrun: tests/test_packaging.py, test_multinode.py
             "launcher=torchrun",
             *FAST,
             "trainer.max_steps=10",
@@ -186,6 +195,10 @@ def test_torchrun_makes_exactly_one_run_folder(tmp_path: Path) -> None:
     assert sorted(p.name for p in (run / "tb").iterdir()) == ["rank0", "rank1", "world"]
     assert json.loads((run / "metrics.json").read_text())["world_size"] == 2
     assert (run / ".hydra" / "config.yaml").exists()
+    assert "strategy=fsdp" in (run / ".hydra" / "overrides.yaml").read_text()
+    # Each rank wrote its own shard of the model into the checkpoint.
+    last = committed_checkpoints(run)[-1]
+    assert sorted(p.name for p in last.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
 
 @pytest.mark.timeout(120)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -244,8 +245,9 @@ def test_ddp_2x32_resumed_on_4x16_or_1x64_ends_with_the_uninterrupted_weights(
     train(tmp_path / "full", *common, *DDP, "trainer.max_steps=40")
     world_4 = ["strategy=ddp", "launcher.nproc_per_node=4", "trainer.batch_size=16"]
     world_1 = ["strategy=single", "trainer.batch_size=64"]
+    train(tmp_path / "stopped", *common, *DDP, "trainer.max_steps=25")
     for name, other in (("four", world_4), ("one", world_1)):
-        train(tmp_path / name, *common, *DDP, "trainer.max_steps=25")
+        shutil.copytree(tmp_path / "stopped", tmp_path / name)  # one stopped run, resumed twice
         resumed = train(tmp_path / name, *common, *other, "trainer.max_steps=40", timeout=240)
         assert "at step 25" in resumed.stdout and "resuming at sample" not in resumed.stdout
         world = 4 if name == "four" else 1

@@ -23,7 +23,7 @@ SLURM = ["launcher=slurm", "launcher.cpus_per_task=1", "launcher.time=5", *FAST]
 
 
 @pytest.mark.timeout(240)
-def test_sweep_of_two_task_ddp_jobs(tmp_path: Path) -> None:
+def test_sweep_of_two_task_ddp_and_fsdp_jobs(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     result = run_cmd(
         [
@@ -32,8 +32,7 @@ def test_sweep_of_two_task_ddp_jobs(tmp_path: Path) -> None:
             "-m",
             *SLURM,
             "launcher.tasks_per_node=2",
-            "strategy=ddp",
-            "trainer.seed=1,2",
+            "strategy=ddp,fsdp",  # both distributed strategies, as SLURM jobs of 2 tasks
             "trainer.max_steps=5",
             f"hydra.sweep.dir={sweep}",
             # A task that wrote Hydra's files would leave .hydra_<its SLURM_PROCID>.
@@ -46,7 +45,7 @@ def test_sweep_of_two_task_ddp_jobs(tmp_path: Path) -> None:
         ("0", "COMPLETED", "2"),
         ("1", "COMPLETED", "2"),
     ]
-    assert "trainer.seed=2" in rows[1]["overrides"]
+    assert "strategy=fsdp" in rows[1]["overrides"]
     for job in ("0", "1"):
         job_dir = sweep / job
         assert sorted(p.name for p in (job_dir / "logs").iterdir()) == ["rank0.log", "rank1.log"]
