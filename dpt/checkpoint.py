@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import io
 import json
@@ -27,19 +28,19 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.planner import ReadItem
 
 from dpt import resume_config
 from dpt.distributed import DistEnv, broadcast_object
 from dpt.errors import DptError
 from dpt.resume_config import Change
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.api import CheckpointException
 
 log = logging.getLogger("dpt")
 
@@ -188,20 +189,46 @@ def move_aside(folder: Path, paths: Iterable[Path]) -> Path:
 # --- loading -----------------------------------------------------------------------------------
 
 
-class _PlainLoadPlanner(DefaultLoadPlanner):
-    """DCP unpickles non-tensor values with `weights_only=False`; dpt stores only strings, numbers
-    and containers of them, so load them as data, never as code."""
+def _dcp() -> ModuleType:
+    """torch.distributed.checkpoint, imported at the first save or load: with DTensor, which it
+    imports, it costs start-up time that a run with no checkpoint to read does not spend before
+    its first step."""
+    import torch.distributed.checkpoint as dcp
 
-    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        torch.load(value, weights_only=True)  # refuses anything but data (the values are small)
-        value.seek(0)
-        super().load_bytes(read_item, value)
+    return dcp
+
+
+@functools.cache
+def _plain_load_planner() -> type:
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class PlainLoadPlanner(DefaultLoadPlanner):
+        """DCP unpickles non-tensor values with `weights_only=False`; dpt stores only strings,
+        numbers and containers of them, so load them as data, never as code."""
+
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            torch.load(value, weights_only=True)  # refuses anything but data (values are small)
+            value.seek(0)
+            super().load_bytes(read_item, value)
+
+    return PlainLoadPlanner
+
+
+def _dcp_load(state: dict[str, Any], path: Path, no_dist: bool) -> None:
+    """DCP's load into `state`, its failure as one CheckpointError naming what went wrong."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with _one_process_is_fine():
+            _dcp().load(state, checkpoint_id=path, planner=_plain_load_planner()(), no_dist=no_dist)
+    except CheckpointException as failed:
+        raise _load_failure(path, failed) from failed
 
 
 def stored_keys(path: Path) -> set[str]:
     """The flattened keys a checkpoint holds (`model.net.0.weight`, `rng.rank1.torch`, ...)."""
     try:
-        return set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+        return set(_dcp().FileSystemReader(path).read_metadata().state_dict_metadata)
     except Exception as error:  # missing or cut-off `.metadata`, bad pickle: unusable alike
         raise CheckpointError(
             f"checkpoint {path} is unreadable (cut off or corrupt): {_first_line(error)}"
@@ -213,11 +240,7 @@ def read_config(path: Path) -> str | None:
     if "config.yaml" not in stored_keys(path):
         return None
     state = {"config": {"yaml": ""}}
-    try:
-        with _one_process_is_fine():
-            dcp.load(state, checkpoint_id=path, planner=_PlainLoadPlanner(), no_dist=True)
-    except CheckpointException as failed:
-        raise _load_failure(path, failed) from failed
+    _dcp_load(state, path, no_dist=True)
     return state["config"]["yaml"]
 
 
@@ -247,11 +270,7 @@ def load(path: Path, parts: dict[str, Any]) -> int:
         if hasattr(part, "expect"):
             part.expect({k.split(".", 1)[1] for k in keys if k.startswith(f"{name}.")})
     states = {name: part.state_dict() for name, part in parts.items()}
-    try:
-        with _one_process_is_fine():
-            dcp.load(states, checkpoint_id=path, planner=_PlainLoadPlanner(), no_dist=_no_dist())
-    except CheckpointException as failed:
-        raise _load_failure(path, failed) from failed
+    _dcp_load(states, path, no_dist=_no_dist())
     for name, part in parts.items():
         try:
             part.load_state_dict(states[name])
@@ -326,10 +345,11 @@ class Checkpoints:
         final = self.folder / f"step-{step:08d}"
         tmp = self.folder / f".{final.name}.tmp-{self.token}"
         state = {**parts, "config": {"yaml": self.config_yaml}}
+        dcp = _dcp()
         try:
             with _one_process_is_fine():
                 dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), no_dist=_no_dist())
-        except CheckpointException as failed:
+        except dcp.api.CheckpointException as failed:
             reason = _write_failure(_cause(failed), self.folder)  # while the disk is still full
             if self.env.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -133,3 +134,16 @@ def broadcast_object(obj: Any, env: DistEnv) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0, device=env.device if env.backend == "nccl" else None)
     return box[0]
+
+
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of `tensor`: a DTensor's local shard (fsdp), else the tensor itself.
+    DTensor is looked up, not imported (a second of start-up): a DTensor exists only once its
+    module was imported (by fsdp, DCP or torchvision)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return tensor.to_local() if module and isinstance(tensor, module.DTensor) else tensor
+
+
+def is_dtensor(tensor: object) -> bool:
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)

@@ -11,14 +11,15 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+
+from dpt.distributed import local_part
 
 MB = 2**20
 
 
 def local_bytes(tensor: torch.Tensor) -> int:
     """Bytes this rank holds of `tensor` (its shard, for a DTensor)."""
-    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    local = local_part(tensor)
     return local.numel() * local.element_size()
 
 

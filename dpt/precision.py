@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
+from dpt.distributed import is_dtensor
 from dpt.errors import DptError
 
 
@@ -66,7 +66,7 @@ def clip_by_global_norm(params: list[nn.Parameter], max_norm: float) -> torch.Te
     every rank must clip by the same, global, norm."""
     grads = [p.grad for p in params if p.grad is not None]
     norm = nn.utils.get_total_norm(grads)
-    if isinstance(norm, DTensor):
+    if is_dtensor(norm):
         norm = norm.full_tensor()
     nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm

@@ -14,18 +14,12 @@ import json
 import random
 import struct
 from dataclasses import asdict, dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from dpt.models import unwrap
 
@@ -65,6 +59,14 @@ class DataPosition:
         self.global_batch = int(state["global_batch"])
 
 
+def _state_dicts() -> ModuleType:
+    """DCP's state-dict functions, imported at the first save or load: DCP and DTensor cost
+    start-up time that a run spends before its first step otherwise."""
+    from torch.distributed.checkpoint import state_dict
+
+    return state_dict
+
+
 class ModelState:
     """The model's weights without its wrappers (DDP, DataParallel, torch.compile), so one
     checkpoint loads under every strategy. DCP's state-dict functions work on the unwrapped module
@@ -74,18 +76,19 @@ class ModelState:
         self.model = model
 
     def state_dict(self) -> dict[str, Any]:
-        return get_model_state_dict(unwrap(self.model))
+        return _state_dicts().get_model_state_dict(unwrap(self.model))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_model_state_dict(unwrap(self.model), state)
+        _state_dicts().set_model_state_dict(unwrap(self.model), state)
 
 
 def full_state_dict(model: nn.Module) -> dict[str, Any]:
     """The whole model's weights as plain CPU tensors, on rank 0 ({} on the others), under every
     strategy: fsdp's shards are gathered (all ranks must call this). Loads into the bare model
     with `torch.load(weights_only=True)` and `load_state_dict`."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(unwrap(model), options=options)
+    dicts = _state_dicts()
+    options = dicts.StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return dicts.get_model_state_dict(unwrap(model), options=options)
 
 
 class OptimizerState:
@@ -95,10 +98,10 @@ class OptimizerState:
         self.model, self.optimizer = model, optimizer
 
     def state_dict(self) -> dict[str, Any]:
-        return get_optimizer_state_dict(unwrap(self.model), self.optimizer)
+        return _state_dicts().get_optimizer_state_dict(unwrap(self.model), self.optimizer)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_optimizer_state_dict(unwrap(self.model), self.optimizer, state)
+        _state_dicts().set_optimizer_state_dict(unwrap(self.model), self.optimizer, state)
 
 
 class PlainState:

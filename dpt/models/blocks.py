@@ -15,11 +15,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-    CheckpointImpl,
-    apply_activation_checkpointing,
-    checkpoint_wrapper,
-)
 
 from dpt.errors import DptError
 from dpt.models.mlp import MLP
@@ -52,13 +47,21 @@ def recompute_in_backward(model: nn.Module) -> None:
             f"model.activation_checkpointing=true: dpt knows no blocks of {type(model).__name__} "
             "(it knows the MLP's layers and the ResNets' residual blocks)"
         )
-    wrapper = _recomputed
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+
     apply_activation_checkpointing(
-        model, checkpoint_wrapper_fn=wrapper, check_fn=targets.__contains__
+        model, checkpoint_wrapper_fn=_recomputed, check_fn=targets.__contains__
     )
 
 
 def _recomputed(block: nn.Module) -> nn.Module:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
+
     return checkpoint_wrapper(
         block,
         checkpoint_impl=CheckpointImpl.NO_REENTRANT,
