@@ -136,14 +136,13 @@ def broadcast_object(obj: Any, env: DistEnv) -> Any:
     return box[0]
 
 
-def local_part(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of `tensor`: a DTensor's local shard (fsdp), else the tensor itself.
-    DTensor is looked up, not imported (a second of start-up): a DTensor exists only once its
-    module was imported (by fsdp, DCP or torchvision)."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return tensor.to_local() if module and isinstance(tensor, module.DTensor) else tensor
-
-
 def is_dtensor(tensor: object) -> bool:
+    """Whether `tensor` is a DTensor (fsdp's shards), without importing DTensor (a second of
+    start-up): a DTensor exists only once its module was imported (by fsdp, DCP or torchvision)."""
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and isinstance(tensor, module.DTensor)
+
+
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of `tensor`: a DTensor's local shard, else the tensor itself."""
+    return tensor.to_local() if is_dtensor(tensor) else tensor  # type: ignore[attr-defined]
