@@ -28,8 +28,19 @@ class MemoryUse:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
+        self.sizes: dict[str, float] | None = None  # fixed once the optimizer has its state
 
     def scalars(self) -> dict[str, float]:
+        """Counted at the first window after the optimizer made its state (its first step), then
+        the same every window: nothing here changes size during a run."""
+        if self.sizes is not None:
+            return self.sizes
+        sizes = self._count()
+        if self.optimizer.state:
+            self.sizes = sizes
+        return sizes
+
+    def _count(self) -> dict[str, float]:
         params = list(self.model.parameters())
         return {
             "memory/params_mb": _total(params),
