@@ -105,7 +105,7 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
                               _lockstep_shape(strategy, env, data.input_shape)),
         early_stopping=EarlyStopping(t.early_stopping, verbose=env.is_main),
         total_steps=total_steps,
-        global_batch=strategy.global_batch(t.batch_size, env) * t.grad_accum_steps,
+        global_batch=loaders.global_batch(t.grad_accum_steps),
         checkpoints=Checkpoints(run_dir, env, cfg.checkpoint.keep, cfg.yaml),
     )  # fmt: skip
 

@@ -64,10 +64,6 @@ class Strategy:
     def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         return model
 
-    def global_batch(self, batch_size: int, env: DistEnv) -> int:
-        """Samples per optimizer step over the whole world (before gradient accumulation)."""
-        return batch_size * env.world_size
-
 
 class Single(Strategy):
     name = "single"

@@ -45,7 +45,7 @@ class Trainer:
         self.precision, self.metrics = parts.precision, parts.metrics
         self.agreement = parts.agreement
         self.loss_fn = nn.CrossEntropyLoss()
-        self.global_batch = parts.loaders.global_batch(self.settings.grad_accum_steps)
+        self.global_batch = parts.global_batch
         self.progress, self.position = Progress(), DataPosition(global_batch=self.global_batch)
         self.rng = RNGState(parts.env.rank, parts.env.world_size)
         self.bad_before_epoch = 0  # progress.bad_samples when the epoch began: its epoch line
