@@ -2,19 +2,19 @@
 
 Every rank must take the same decisions at the same step: apply this update or skip it (a
 non-finite loss somewhere), stop now or go on (a signal on some rank). Between agreements nothing
-waits for the device or the network, nor even runs on the device: each step's loss is kept as it
-is and a signal sets a flag; the losses are checked at the agreement, in one device round trip.
-There one `all_gather` carries the flags and the metrics window (see `dpt.metrics`), so logging
-costs no second collective. Under `trainer.on_nonfinite=skip` ranks agree every step, since the
-update itself waits for the verdict: the documented exception.
+waits for the device or the network: each step's loss stays on the device (`dpt.metrics` keeps
+it) and a signal sets a flag. At the agreement the losses since the last one come back in one
+device round trip (`MetricsLogger.read_back`) and are checked here on the host; one `all_gather`
+then carries the flags and the metrics window, so logging costs no second collective. Under
+`trainer.on_nonfinite=skip` ranks agree every step, since the update itself waits for the
+verdict: the documented exception.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
-
-import torch
 
 from dpt.distributed import DistEnv, all_gather_floats
 from dpt.errors import DptError
@@ -39,35 +39,19 @@ class Verdict:
 class Agreement:
     def __init__(self, env: DistEnv, last_step: int, on_nonfinite: str) -> None:
         self.env, self.last_step, self.on_nonfinite = env, last_step, on_nonfinite
-        self._losses: list[torch.Tensor] = []  # since the last agreement, still on the device
-        self._first_step = 0  # the step of _losses[0]
 
     @property
     def every_step(self) -> bool:
         return self.on_nonfinite == "skip"
 
-    def note(self, loss: torch.Tensor, step: int) -> None:
-        """Keep this step's loss for the next agreement: no device op, no wait."""
-        if not self._losses:
-            self._first_step = step
-        self._losses.append(loss)
-
-    def _first_nonfinite(self) -> tuple[int, float]:
-        """(step, loss) of the first non-finite loss since the last agreement, or (0, 0.0)."""
-        if not self._losses:
-            return 0, 0.0
-        losses = torch.stack(self._losses).float()
-        self._losses = []
-        bad = ~torch.isfinite(losses)
-        i = torch.argmax(bad.int())  # the first non-finite one, or 0
-        # Reading back waits for nothing new: the metrics payload, read just before, waited.
-        found, index, loss = torch.stack([bad[i].float(), i.float(), losses[i]]).tolist()
-        return (self._first_step + int(index), loss) if found else (0, 0.0)
-
-    def agree(self, stop: StopRequest, payload: list[float]) -> Verdict:
-        """One collective: ranks agree on the earliest non-finite loss and on stopping, and see
-        each other's payload. Raises NonFiniteLoss under on_nonfinite=error."""
-        first_step, first_loss = self._first_nonfinite()
+    def agree(
+        self, stop: StopRequest, step: int, losses: list[float], payload: list[float]
+    ) -> Verdict:
+        """One collective at `step`: ranks agree on the earliest non-finite loss and on
+        stopping, and see each other's payload. `losses`: this rank's losses of the steps since
+        the last agreement, the last one `step`'s. Raises NonFiniteLoss under
+        on_nonfinite=error."""
+        first_step, first_loss = _first_nonfinite(losses, step - len(losses) + 1)
         rows = all_gather_floats([float(self._code(first_step)), float(bool(stop)), *payload],
                                  self.env)  # fmt: skip
         stop_now = any(row[1] for row in rows)
@@ -97,3 +81,11 @@ class Agreement:
             )
         log.warning(f"skipping the update of {where}: non-finite loss")
         return False
+
+
+def _first_nonfinite(losses: list[float], first_step: int) -> tuple[int, float]:
+    """(step, loss) of the first non-finite loss, or (0, 0.0); losses[0] is `first_step`'s."""
+    for i, loss in enumerate(losses):
+        if not math.isfinite(loss):
+            return first_step + i, loss
+    return 0, 0.0

@@ -14,6 +14,7 @@ tags (their last value), so nothing is written twice as single `hparam/*` points
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -48,8 +49,9 @@ def place(run_dir: Path) -> TbPlace:
     """Where a run's TensorBoard folders go. A job of a sweep is told apart by the config Hydra
     saved in its folder (`.hydra/hydra.yaml`); without one (`hydra.output_subdir=null`, a
     torchrun rank on a machine of its own) it is laid out as one run."""
-    hydra_cfg = _saved_hydra(run_dir)
-    if hydra_cfg is None or str(hydra_cfg.mode) != "MULTIRUN":
+    hydra_cfg = _job_hydra(run_dir)
+    # RunMode from Hydra's own config, its name from the saved copy
+    if hydra_cfg is None or getattr(hydra_cfg.mode, "name", hydra_cfg.mode) != "MULTIRUN":
         return TbPlace(run_dir / TB_FOLDER, writes_experiment=True)
     sweep_dir = Path(hydra_cfg.sweep.dir)
     label = job_label(int(hydra_cfg.job.num), list(hydra_cfg.overrides.task), swept_keys(sweep_dir))
@@ -59,16 +61,31 @@ def place(run_dir: Path) -> TbPlace:
 def group_choices(run_dir: Path) -> dict[str, str]:
     """The option of each config group (`strategy: ddp`), Hydra's own groups left out: a sweep
     over a group (`strategy=single,ddp`) varies these, not only the keys they set."""
-    hydra_cfg = _saved_hydra(run_dir)
+    hydra_cfg = _job_hydra(run_dir)
     choices = OmegaConf.to_container(hydra_cfg.runtime.choices) if hydra_cfg is not None else {}
     assert isinstance(choices, dict)
     return {str(group): str(option) for group, option in choices.items()
             if option is not None and not str(group).startswith("hydra")}  # fmt: skip
 
 
-def _saved_hydra(run_dir: Path) -> Any:
+def _job_hydra(run_dir: Path) -> Any:
+    """The job's `hydra` node: Hydra's own where this process runs the job (one process), else
+    the copy Hydra saved in the run folder (a spawned or torchrun rank), parsed once: its YAML
+    takes ~35 ms to read, before the first step."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        hydra_cfg = HydraConfig.get()
+        if Path(hydra_cfg.runtime.output_dir) == run_dir:
+            return hydra_cfg
     saved = run_dir / ".hydra" / "hydra.yaml"
-    return OmegaConf.load(saved).hydra if saved.is_file() else None
+    return _load_saved(saved, saved.stat().st_mtime_ns) if saved.is_file() else None
+
+
+@functools.lru_cache(maxsize=8)
+def _load_saved(path: Path, mtime_ns: int) -> Any:
+    """`mtime_ns`: a resumed run's Hydra rewrites the file; a new version is read anew."""
+    return OmegaConf.load(path).hydra
 
 
 def swept_keys(sweep_dir: Path) -> set[str]:

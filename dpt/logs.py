@@ -7,8 +7,6 @@ import logging
 import sys
 from pathlib import Path
 
-from tqdm import tqdm
-
 from dpt.errors import could_not_write
 
 LOGGER_NAME = "dpt"
@@ -21,8 +19,9 @@ class _TqdmStreamHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             line = self.format(record)
-            if getattr(tqdm, "_instances", None):
-                tqdm.write(line, file=sys.stdout)
+            bars = sys.modules.get("tqdm")  # imported where a progress bar was made
+            if bars is not None and getattr(bars.tqdm, "_instances", None):
+                bars.tqdm.write(line, file=sys.stdout)
             else:
                 # One write per line: ranks sharing a pipe then never splice their lines together.
                 sys.stdout.write(line + "\n")

@@ -1,13 +1,15 @@
 """Training metrics: per-rank TensorBoard, world aggregates on rank 0, console lines, a bar.
 
 Per step nothing is computed: the loss and gradient norm are kept as the device made them, counts
-and times summed on the host. Once per logging window the sums are read back (one wait for the
-device) and travel to every rank in the agreement's one collective (`dpt.agreement`); rank 0 then
-writes the world's numbers, including how far the slowest rank lags (stragglers).
+and times summed on the host. At each agreement (`dpt.agreement`: at least once per logging
+window) the kept values come back in one read-back, the one wait for the device, and the window's
+sums travel to every rank in the agreement's one collective; rank 0 then writes the world's
+numbers, including how far the slowest rank lags (stragglers).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 import sys
@@ -23,6 +25,11 @@ from dpt.dashboard import WORLD
 from dpt.distributed import DistEnv
 
 log = logging.getLogger("dpt")
+
+# How long written scalars are held before TensorBoard's writer gets them: its writer thread then
+# wakes once for many events, not once per event while the training wants the interpreter. (The
+# writer itself keeps events in memory up to 120 s before they reach the disk.)
+HOLD_S = 1.0
 
 # The payload one rank sends at an agreement, in this order (see `MetricsLogger.payload`).
 FIELDS = ("samples_since", "bad_since", "loss", "grad_norm", "steps", "samples", "elapsed",
@@ -75,7 +82,10 @@ class MetricsLogger:
         self.total_steps = total_steps
         self.purge_step: int | None = None
         self._writers: dict[str, Any] = {}  # made at the first write: tensorboard imports slowly
-        self._pending: dict[str, list[Any]] = {}  # summaries for a writer not made yet
+        self._held: list[tuple[str, Any, int, float]] = []  # (writer, summary, step, wall time)
+        self._held_since = time.perf_counter()
+        # Summaries for a writer not made yet, built with it: HPARAMS' protos import slowly.
+        self._pending: dict[str, Callable[[], list[Any]]] = {}
         self.bar = self._progress_bar() if env.is_main and sys.stdout.isatty() else None
         self.stragglers = StragglerWatch()
         self.last_world_loss: float | None = None
@@ -105,8 +115,10 @@ class MetricsLogger:
             self.bar.refresh()
 
     def _reset_window(self) -> None:
-        self._losses: list[torch.Tensor] = []  # per step, on the device: summed at the window end
-        self._grad_norms: list[torch.Tensor] = []
+        self._unread: list[torch.Tensor] = []  # per step since the last read-back, on the device
+        self._unread_norms: list[torch.Tensor] = []
+        self._loss_sum = self._grad_norm_sum = 0.0  # of the window's steps already read back
+        self._clipped = False  # the window has gradient norms (trainer.grad_clip_norm)
         self._steps = 0
         self._samples = 0
         self._data_s = 0.0
@@ -123,9 +135,10 @@ class MetricsLogger:
         grad_norm: torch.Tensor | None,
     ) -> None:
         """One optimizer step. Nothing here waits for the device or another rank."""
-        self._losses.append(loss)
+        self._unread.append(loss)
         if grad_norm is not None:
-            self._grad_norms.append(grad_norm.detach())
+            self._unread_norms.append(grad_norm.detach())
+            self._clipped = True
         self._steps += 1
         self._samples += samples
         self._since[0] += samples
@@ -135,17 +148,26 @@ class MetricsLogger:
         if self.bar is not None:
             self.bar.update(1)
 
+    def read_back(self) -> list[float]:
+        """The losses of the steps since the last read-back, in order, as floats: one wait for
+        the device (one stack, one copy). Their sums join the window's."""
+        if not self._unread:
+            return []
+        kept = self._unread + self._unread_norms
+        if any(t.dtype != torch.float32 for t in kept):  # e.g. a bf16 loss: one dtype to stack
+            kept = [t.float() for t in kept]
+        values = torch.stack(kept).tolist()  # waits for the device
+        losses, norms = values[: len(self._unread)], values[len(self._unread) :]
+        self._loss_sum += sum(losses)
+        self._grad_norm_sum += sum(norms)
+        self._unread, self._unread_norms = [], []
+        return losses
+
     def payload(self) -> list[float]:
-        """This rank's numbers for the agreement, in the order of FIELDS."""
-        loss_sum, grad_sum = 0.0, 0.0
-        if self._losses:
-            norms = self._grad_norms or [torch.zeros((), device=self.env.device)]
-            sums = torch.stack([torch.stack(self._losses).float().sum(),
-                                torch.stack(norms).float().sum()])  # fmt: skip
-            loss_sum, grad_sum = sums.tolist()  # the window's wait for the device
+        """This rank's numbers for the agreement, in the order of FIELDS (after `read_back`)."""
         elapsed = time.perf_counter() - self._window_start
-        return [*self._since, loss_sum, grad_sum, self._steps, self._samples, elapsed,
-                self._data_s, self._work_s]  # fmt: skip
+        return [*self._since, self._loss_sum, self._grad_norm_sum, self._steps, self._samples,
+                elapsed, self._data_s, self._work_s]  # fmt: skip
 
     def agreed(self, rows: list[list[float]], step: int, epoch: int, lr: float, log: bool) -> None:
         """Take in every rank's payload; write and reset the window if `log` (same on all ranks)."""
@@ -176,7 +198,7 @@ class MetricsLogger:
             "time/work_s": mine["work_s"] / steps,
             "optim/lr": lr,
         }
-        if self._grad_norms:  # mean pre-clip global norm over the window
+        if self._clipped:  # mean pre-clip global norm over the window
             rank_scalars["optim/grad_norm"] = mine["grad_norm"] / steps
         if self.memory is not None:
             rank_scalars |= self.memory()
@@ -207,13 +229,16 @@ class MetricsLogger:
 
     def start_session(self, hparams: dict[str, Any]) -> None:
         """Rank 0: this run's HPARAMS session in the world folder, whose own scalar tags are the
-        session's metrics; the overlay charts; and a single run's experiment."""
-        if not self.env.is_main:
-            return
+        session's metrics; the overlay charts; and a single run's experiment. Written with the
+        world folder's first event, after the first step."""
+        if self.env.is_main:
+            self._pending[WORLD] = functools.partial(self._session_summaries, hparams)
+
+    def _session_summaries(self, hparams: dict[str, Any]) -> list[Any]:
         summaries = [dashboard.session_start(hparams), dashboard.overlay_layout()]
         if self.tb.writes_experiment:
             summaries.append(dashboard.experiment([hparams]))
-        self._pending[WORLD] = summaries  # not worth the writer's import before the first step
+        return summaries
 
     def end_session(self, ok: bool) -> None:
         if self.env.is_main:
@@ -222,6 +247,7 @@ class MetricsLogger:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        self._hand_over()
         for writer in self._writers.values():
             writer.close()
 
@@ -231,10 +257,13 @@ class MetricsLogger:
 
             folder = self.tb.folder / name
             self._writers[name] = SummaryWriter(folder, purge_step=self.purge_step)
-            self._add(name, self._pending.pop(name, []))
+            pending = self._pending.pop(name, None)
+            if pending is not None:
+                self._add(name, pending())
         return self._writers[name]
 
     def _add(self, name: str, summaries: list[Any]) -> None:
+        self._hand_over()  # in the order they were made
         # Into the folder's one open event file: TensorBoard reads a folder's event files one
         # after the other and does not go back to an earlier one that still grows.
         for summary in summaries:
@@ -242,9 +271,17 @@ class MetricsLogger:
 
     def _write(self, name: str, scalars: dict[str, float], step: int) -> None:
         """All of a window's scalars as one event: `add_scalar` would write one event per tag
-        (about 70 us each, most of what logging costs per window)."""
+        (about 70 us each), and build each value through numpy (`summary.scalar`, 5 us a tag)."""
         from tensorboard.compat.proto.summary_pb2 import Summary
-        from torch.utils.tensorboard.summary import scalar
 
-        values = [v for tag, value in scalars.items() for v in scalar(tag, value).value]
-        self._writer(name).file_writer.add_summary(Summary(value=values), step)
+        values = [Summary.Value(tag=tag, simple_value=float(v)) for tag, v in scalars.items()]
+        self._held.append((name, Summary(value=values), step, time.time()))
+        if time.perf_counter() - self._held_since >= HOLD_S:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """The held events to their writers, in order, stamped when they were made."""
+        held, self._held = self._held, []
+        for name, summary, step, wall_time in held:
+            self._writer(name).file_writer.add_summary(summary, step, wall_time)
+        self._held_since = time.perf_counter()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from dpt import schedulers
 from dpt.resume_config import Change
 from dpt.state import derived_seed, seed_everything
 
@@ -109,6 +110,7 @@ def _replan(trainer: Trainer) -> None:
     parts.total_steps = min(total, t.max_steps) if t.max_steps else total
     parts.agreement.last_step = parts.total_steps
     parts.metrics.replan(parts.total_steps)
+    schedulers.replan(parts.scheduler, parts.total_steps)
 
 
 def rederive_rng(trainer: Trainer) -> None:

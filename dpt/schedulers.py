@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, StepLR
@@ -75,3 +76,19 @@ class WarmupCosine:
         decay_steps = max(1, self.total_steps - self.warmup_steps - 1)
         progress = min(1.0, (step - self.warmup_steps) / decay_steps)
         return self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def replan(scheduler: Any, total_steps: int) -> None:
+    """A resumed run whose total changed under it (another global batch): a schedule stated in
+    fractions of the run (warmup_cosine) ends at the new last step, and the learning rate is
+    that schedule's at the steps done."""
+    lambdas = getattr(scheduler, "lr_lambdas", [])
+    if not any(isinstance(f, WarmupCosine) for f in lambdas):
+        return  # constant and step schedules do not depend on the run's length
+    for f in lambdas:
+        if isinstance(f, WarmupCosine):
+            f.total_steps = total_steps
+    groups, step = scheduler.optimizer.param_groups, scheduler.last_epoch
+    for group, base, f in zip(groups, scheduler.base_lrs, lambdas, strict=True):
+        group["lr"] = base * f(step)
+    scheduler._last_lr = [group["lr"] for group in groups]

@@ -79,7 +79,6 @@ class Trainer:
         )
         samples, bad = sum(len(b[1]) for b in micro_batches), sum(b[2] for b in micro_batches)
         self.metrics.record(loss, samples, bad, data_s, work_s, grad_norm)
-        self.agreement.note(loss, self.progress.step + 1)
         verdict = self.agree(stop) if self.agrees_now() else None  # waits: once per window
         if verdict is None or verdict.apply_update:
             self.precision.step(self.optimizer)  # 16-mixed: the scaler waits for its inf check
@@ -131,7 +130,8 @@ class Trainer:
         )
 
     def agree(self, stop: StopRequest) -> Verdict:
-        return self.agreement.agree(stop, self.metrics.payload())
+        losses = self.metrics.read_back()  # the window's one wait for the device
+        return self.agreement.agree(stop, self.progress.step + 1, losses, self.metrics.payload())
 
     def after_agreement(self, verdict: Verdict, stop: StopRequest) -> None:
         step = self.progress.step

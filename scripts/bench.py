@@ -262,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": args.device,
     }
     if args.save:
+        args.save.parent.mkdir(parents=True, exist_ok=True)
         args.save.write_bytes(pickle.dumps((results, meta)))
     if args.sections == ["memory"]:  # its own section of the report; the rest stays as it is
         path = bench_memory.write_section(args.out / "performance.md", results["memory"])

@@ -388,8 +388,8 @@ def _overhead(results: dict[str, Any]) -> str:
 
 
 PER_STEP_CALLS = {
-    "each_step_us": "`Agreement.note` + `MetricsLogger.record` (every step; no device op)",
-    "agree_us": "`Agreement.agree(stop, MetricsLogger.payload())` (per window of 10 steps: "
+    "each_step_us": "`MetricsLogger.record` (every step; no device op)",
+    "agree_us": "`MetricsLogger.read_back` + `Agreement.agree` (per window of 10 steps: "
     "one read-back, the one `all_gather`)",
     "agreed_us": "`MetricsLogger.agreed(..., log=True)` (per window: TensorBoard, a log line)",
     **{
@@ -465,17 +465,17 @@ def _findings(results: dict[str, Any]) -> str:
             "**MLP, one process.** The forward, backward and Adam step are the same calls in "
             "both loops. What differs, from section 6's in-place timings:\n\n"
             f"- every step, dpt keeps the loss and the counts "
-            f"({costs['each_step_us'].median:.1f} us for `Agreement.note` + "
-            "`MetricsLogger.record`); the plain loop adds the loss into a device tensor "
-            "(`window_loss += loss.detach()`, a couple of us): a wash;\n"
+            f"({costs['each_step_us'].median:.1f} us for `MetricsLogger.record`); the plain "
+            "loop adds the loss into a device tensor (`window_loss += loss.detach()`, a couple "
+            "of us): a wash;\n"
             f"- every window, dpt spends {per_window:.0f} us: "
-            f"{costs['agree_us'].median:.0f} us in `Agreement.agree` (two separate read-backs "
-            "of the same losses: `Agreement._first_nonfinite` stacks and checks them, "
-            "`MetricsLogger.payload` stacks and sums them) and "
-            f"{costs['agreed_us'].median:.0f} us in `MetricsLogger.agreed`, nearly all of it "
-            "TensorBoard: `MetricsLogger._write` calls `SummaryWriter.add_scalar` once per tag, "
-            "6 rank tags and 5 world tags per window, each building its own protobuf event "
-            "(about 70 us apiece, profiled); the plain loop reads one number and prints a line;\n"
+            f"{costs['agree_us'].median:.0f} us to read the window's losses back (one stack, "
+            "one `.tolist()`; the non-finite check is done on those floats) and agree, and "
+            f"{costs['agreed_us'].median:.0f} us in `MetricsLogger.agreed`: one TensorBoard "
+            "event for the rank's tags and one for the world's, and a console line. Each event "
+            "costs 50-85 us in TensorBoard's own writer (profiled: the `Event` proto, its queue "
+            "and writer thread, and a CRC-32C checksum computed in pure Python when TensorFlow "
+            "is absent, ~30 us a record); the plain loop reads one number and prints a line;\n"
             f"- every step, the plain loop's `DataLoader(TensorDataset)` fetch costs "
             f"{costs['fetch_plain_us'].median:.0f} us (64 `__getitem__` calls, then "
             f"`default_collate`) against dpt's {costs['fetch_dpt_us'].median:.0f} us (one "
@@ -497,13 +497,15 @@ def _findings(results: dict[str, Any]) -> str:
         )
     if "startup" in results:
         parts.append(
-            "**Start-up** (profiled once with `python -X importtime` and cProfile on this "
-            "machine under load; relative sizes only). Both loops pay for importing torch and, "
-            "in the optimizer's constructor, torch._dynamo (seconds each). On top, dpt imports "
-            "Hydra and its own modules (~0.5 s) and composes the config twice (~0.4-0.5 s "
-            "each): `@hydra.main` composes once to find the run mode (`Hydra.get_mode`) and "
-            "again to run. Validation, the run folder and the log files cost little. Under ddp, "
-            "each worker again imports the main module (torch, Hydra, dpt) and the elastic "
+            "**Start-up** (timed in one process with `perf_counter` stamps and `python -X "
+            "importtime`, on an idle machine; one run, so sizes only). Both loops pay for "
+            "importing torch (~1.5 s) and, in the optimizer's constructor, torch._dynamo "
+            "(~1.25 s). On top, dpt imports Hydra, OmegaConf and its CLI (~0.2 s) and composes "
+            "the config twice (~0.3 s for both): `@hydra.main` composes once to find the run "
+            "mode (`Hydra.get_mode`) and again to run. Its own modules, the parts and the run "
+            "folder take ~0.1 s. TensorBoard, HPARAMS' protos, tqdm and the checkpoint "
+            "machinery (DCP) are imported only when first used, after the first step. Under "
+            "ddp, each worker again imports the main module (torch, Hydra, dpt) and the elastic "
             "agent adds its rendezvous and monitoring, against `torch.multiprocessing.spawn` in "
             "the plain loop."
         )
@@ -512,22 +514,16 @@ def _findings(results: dict[str, Any]) -> str:
     return (
         "## 7. Where dpt's time still goes, and what would move it\n\n"
         + "\n\n".join(parts)
-        + "\n\n**What would move the ratios next** (changes to `dpt/`, not made here):\n\n"
-        "- `MetricsLogger._write` (dpt/metrics.py): one TensorBoard event per window instead of "
-        "one per tag: build a single `Summary` with every value of the window and hand it to "
-        "the writer once (`writer._get_file_writer().add_summary(summary, step)`), or write "
-        "fewer tags by default (time/data_s and time/work_s only every few windows). That is "
-        "most of the per-window cost, hence of the log_every=10 overhead and of all of the "
-        "log_every=1 overhead.\n"
-        "- `Agreement.agree` + `MetricsLogger.payload` (dpt/agreement.py, dpt/metrics.py): both "
-        "keep the same loss tensors and each stacks and reads them back; one stack, one "
-        "`isfinite` and one sum, read back in one `.tolist()`, would halve the device work per "
-        "window.\n"
-        "- Start-up: compose the config once (`@hydra.main` composes it twice in RUN mode). "
-        "Under ddp every spawned worker re-imports the main module, so whatever `train.py` "
-        "imports at module level is paid again per rank; the elastic agent's own share "
-        "(rendezvous, monitoring) against `torch.multiprocessing.spawn` is the next thing to "
-        "profile.\n"
+        + "\n\n**What would move the ratios next** (not made here):\n\n"
+        "- Logging every step: the per-window cost is now mostly TensorBoard's writer (two "
+        "events a window). Below it: one event per window where the world has one rank (its "
+        "world and rank folders say nearly the same), or events written by a leaner writer "
+        "with a compiled CRC-32C (the `crc32c` package cuts an event to ~50 us, measured); "
+        "both change what the run writes or add a dependency, so neither is done.\n"
+        "- Start-up: the second compose is Hydra's own (`Hydra.get_mode`), and torch's import "
+        "and torch._dynamo's are both loops' floor; what is left to dpt is ~0.3 s of Hydra "
+        "and ~0.1 s of its own. Under ddp every spawned worker re-imports the main module, so "
+        "whatever `train.py` imports at module level is paid again per rank.\n"
     )
 
 

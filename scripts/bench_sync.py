@@ -266,10 +266,10 @@ class LoopCalls:
     def each_step(self) -> None:
         self.step += 1
         self.metrics.record(self.loss, 64, 0, 1e-4, 1e-3, None)
-        self.agreement.note(self.loss, self.step)
 
     def agree(self) -> list[list[float]]:
-        return self.agreement.agree(self.stop, self.metrics.payload()).rows
+        losses = self.metrics.read_back()
+        return self.agreement.agree(self.stop, self.step, losses, self.metrics.payload()).rows
 
     def agreed(self, rows: list[list[float]]) -> None:
         self.metrics.agreed(rows, self.step, 0, 1e-3, log=True)

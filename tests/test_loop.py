@@ -32,30 +32,26 @@ CPU1 = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=to
 
 def test_agreement_names_the_first_non_finite_step_and_raises() -> None:
     agreement = Agreement(CPU1, last_step=100, on_nonfinite="error")
-    agreement.note(torch.tensor(1.0), step=1)
-    agreement.note(torch.tensor(float("nan")), step=2)
-    agreement.note(torch.tensor(float("inf")), step=3)  # not the first: 2 is named
+    losses = [1.0, float("nan"), float("inf")]  # steps 1, 2, 3: not the first, 2 is named
     with pytest.raises(NonFiniteLoss, match=r"^non-finite loss \(nan\) at step 2 on rank 0; "):
-        agreement.agree(StopRequest(), [])
+        agreement.agree(StopRequest(), 3, losses, [])
 
 
 def test_agreement_skips_the_update_and_starts_over(caplog: pytest.LogCaptureFixture) -> None:
     agreement = Agreement(CPU1, last_step=100, on_nonfinite="skip")
     assert agreement.every_step
-    agreement.note(torch.tensor(float("nan")), step=7)
     with caplog.at_level(logging.WARNING, logger="dpt"):
-        verdict = agreement.agree(StopRequest(), [1.5, 2.0])
+        verdict = agreement.agree(StopRequest(), 7, [float("nan")], [1.5, 2.0])
     assert not verdict.apply_update and not verdict.stop
     assert verdict.rows == [[1.5, 2.0]]  # every rank's payload comes back
     assert "skipping the update of step 7 on rank 0: non-finite loss" in caplog.text
-    agreement.note(torch.tensor(0.5), step=8)
-    assert agreement.agree(StopRequest(), []).apply_update  # the flag was taken
+    assert agreement.agree(StopRequest(), 8, [0.5], []).apply_update  # only step 8's loss counts
 
 
 def test_agreement_stops_on_a_signal() -> None:
     stop = StopRequest()
     stop.signal_name = "SIGTERM"
-    verdict = Agreement(CPU1, last_step=10, on_nonfinite="error").agree(stop, [])
+    verdict = Agreement(CPU1, last_step=10, on_nonfinite="error").agree(stop, 5, [0.5], [])
     assert verdict.stop and verdict.apply_update
 
 
@@ -84,11 +80,13 @@ def test_early_stopping_off_and_unknown_metric() -> None:
 # --- metrics window -------------------------------------------------------------------------
 
 
-def test_metrics_sum_on_the_device_and_write_once_per_window(tmp_path: Path) -> None:
+def test_metrics_read_back_once_and_write_once_per_window(tmp_path: Path) -> None:
     metrics = MetricsLogger(tmp_path, CPU1, log_every_n_steps=2, total_steps=4)
     for loss in (1.0, 3.0):
         metrics.record(torch.tensor(loss), samples=8, bad=1, data_s=0.1, work_s=0.2,
                        grad_norm=torch.tensor(2.0))  # fmt: skip
+    assert metrics.read_back() == [1.0, 3.0]  # every step's loss, in order
+    assert metrics.read_back() == []  # nothing new since
     payload = dict(zip(FIELDS, metrics.payload(), strict=True))
     assert payload["loss"] == 4.0 and payload["grad_norm"] == 4.0 and payload["steps"] == 2
     assert payload["samples_since"] == 16 and payload["bad_since"] == 2
@@ -107,10 +105,13 @@ def test_a_window_not_logged_keeps_accumulating(tmp_path: Path) -> None:
     """A checkpoint-only agreement counts samples but leaves the logging window open."""
     metrics = MetricsLogger(tmp_path, CPU1, log_every_n_steps=10, total_steps=20)
     metrics.record(torch.tensor(1.0), 8, 0, 0.0, 0.0, None)
+    assert metrics.read_back() == [1.0]
     metrics.agreed([metrics.payload()], step=1, epoch=0, lr=0.1, log=False)
-    metrics.record(torch.tensor(3.0), 8, 0, 0.0, 0.0, None)
+    metrics.record(torch.tensor(3.0, dtype=torch.bfloat16), 8, 0, 0.0, 0.0, None)
+    assert metrics.read_back() == [3.0]  # only the new step's; a bf16 loss too
     assert metrics.world_samples == 8
-    assert dict(zip(FIELDS, metrics.payload(), strict=True))["steps"] == 2
+    window = dict(zip(FIELDS, metrics.payload(), strict=True))
+    assert window["steps"] == 2 and window["loss"] == 4.0
     metrics.close()
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from dpt.schedulers import WarmupCosine
 from tests.helpers import (
     FAST,
     Result,
@@ -261,7 +262,8 @@ def test_ddp_2x32_resumed_on_4x16_or_1x64_ends_with_the_uninterrupted_weights(
 
 @pytest.mark.timeout(300)
 def test_another_global_batch_continues_from_the_same_sample_and_says_so(tmp_path: Path) -> None:
-    common = [*FAST, "checkpoint.every_n_steps=5", "trainer.epochs=2"]
+    common = [*FAST, "checkpoint.every_n_steps=5", "trainer.epochs=2", "scheduler=warmup_cosine",
+              "scheduler.warmup_steps=5", "scheduler.min_lr=1e-5"]  # fmt: skip
     train(tmp_path, *common, "trainer.max_steps=25")  # global batch 64: 32 steps per epoch
     resumed = train(tmp_path, *common, "trainer.batch_size=96")  # to the end of epoch 2
     left = (2048 - 25 * 64) // 96
@@ -273,6 +275,16 @@ def test_another_global_batch_continues_from_the_same_sample_and_says_so(tmp_pat
     # The second epoch in whole steps of 96; the run's total counts them, not steps of 64.
     last = 25 + left + 2048 // 96
     assert f"epoch 2 | step {last}/{last} |" in resumed.stdout
+    # The cosine ends at the new last step: the learning rate logged after every step since the
+    # resume is the schedule's for a run of `last` steps (lr 1e-3, min_lr 1e-5), not of the
+    # 42 steps a fresh run at batch 96 would have.
+    steps = range(30, last + 1, 5)
+    floor = 1e-5 / 1e-3
+    expected = [1e-3 * WarmupCosine(5, last, floor)(step) for step in steps]
+    acc = EventAccumulator(str(tmp_path / "tb" / "rank0"))
+    acc.Reload()
+    logged = {e.step: e.value for e in acc.Scalars("optim/lr")}
+    assert [logged[step] for step in steps] == pytest.approx(expected, rel=1e-5)
     state = read_checkpoint(committed_checkpoints(tmp_path)[-1])
     assert state["progress"]["step"] == last
     assert state["data_position"] == {"epoch": 2, "sample": 0, "global_batch": 96}
