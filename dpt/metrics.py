@@ -247,7 +247,7 @@ class MetricsLogger:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        self._hand_over()
+        self.flush()
         for writer in self._writers.values():
             writer.close()
 
@@ -263,7 +263,7 @@ class MetricsLogger:
         return self._writers[name]
 
     def _add(self, name: str, summaries: list[Any]) -> None:
-        self._hand_over()  # in the order they were made
+        self.flush()  # in the order they were made
         # Into the folder's one open event file: TensorBoard reads a folder's event files one
         # after the other and does not go back to an earlier one that still grows.
         for summary in summaries:
@@ -277,10 +277,12 @@ class MetricsLogger:
         values = [Summary.Value(tag=tag, simple_value=float(v)) for tag, v in scalars.items()]
         self._held.append((name, Summary(value=values), step, time.time()))
         if time.perf_counter() - self._held_since >= HOLD_S:
-            self._hand_over()
+            self.flush()
 
-    def _hand_over(self) -> None:
-        """The held events to their writers, in order, stamped when they were made."""
+    def flush(self) -> None:
+        """The held events to their writers, in order, stamped when they were made. Before a
+        checkpoint: a run killed later resumes there, and its curves must hold every step up
+        to it (a resume drops only what was logged after)."""
         held, self._held = self._held, []
         for name, summary, step, wall_time in held:
             self._writer(name).file_writer.add_summary(summary, step, wall_time)

@@ -216,6 +216,7 @@ class Trainer:
         """Every rank writes its part; rank 0 commits once all have (see dpt.checkpoint)."""
         if not self.parts.checkpoint.enabled:
             return None
+        self.metrics.flush()  # the curves up to this step, on their way to disk first
         return self.parts.checkpoints.save(self.state_parts(), self.progress.step)
 
     def resume(self) -> Committed | None:

@@ -234,6 +234,11 @@ RUNNERS = {
 }
 
 
+def _save(path: Path, results: dict[str, Any], meta: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps((results, meta)))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.render:  # e.g. after editing the report's text: the same numbers, written anew
@@ -251,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.sections:
             say(f"section {name}")
             results |= RUNNERS[name](args, Path(tmp), say)
+            if args.save:  # what was measured survives a later section's failure
+                _save(args.save, results, meta)
     meta |= {
         "command": " ".join(["python scripts/bench.py", *(sys.argv[1:] if argv is None else argv)]),
         "retried": args.retried,
@@ -262,8 +269,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": args.device,
     }
     if args.save:
-        args.save.parent.mkdir(parents=True, exist_ok=True)
-        args.save.write_bytes(pickle.dumps((results, meta)))
+        _save(args.save, results, meta)
     if args.sections == ["memory"]:  # its own section of the report; the rest stays as it is
         path = bench_memory.write_section(args.out / "performance.md", results["memory"])
     else:

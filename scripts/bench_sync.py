@@ -166,6 +166,7 @@ def _build(spec: SyncModel) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     return model, inputs, torch.randint(0, 10, (spec.batch_size,))
 
 
+@functools.cache  # composed once per process: Hydra's global state allows one app
 def dpt_ddp_options() -> dict[str, Any]:
     """`strategy=ddp` as dpt composes it (dpt/conf/strategy/ddp.yaml): the variants change one
     option each."""
