@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.render:  # e.g. after editing the report's text: the same numbers, written anew
         results, meta = pickle.loads(args.render.read_bytes())
-        print(f"wrote {bench_report.write(args.out, results, meta)}")
+        print(f"wrote {_write_report(args.out, results, meta)}")
         return
     started = time.time()
 
@@ -273,10 +273,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.sections == ["memory"]:  # its own section of the report; the rest stays as it is
         path = bench_memory.write_section(args.out / "performance.md", results["memory"])
     else:
-        path = bench_report.write(args.out, results, meta)
-        if "memory" in results:
-            bench_memory.write_section(path, results["memory"])
+        path = _write_report(args.out, results, meta)
     say(f"wrote {path}")
+
+
+def _write_report(out: Path, results: dict[str, Any], meta: dict[str, Any]) -> Path:
+    """The report; the memory section, measured on its own, is kept unless measured anew."""
+    kept = bench_memory.read_section(out / "performance.md")
+    path = bench_report.write(out, results, meta)
+    if "memory" in results:
+        bench_memory.write_section(path, results["memory"])
+    elif kept is not None:
+        bench_memory.put_section(path, kept)
+    return path
 
 
 if __name__ == "__main__":

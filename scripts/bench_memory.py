@@ -171,8 +171,20 @@ gradients."""
 
 def write_section(report: Path, results: dict[str, Any]) -> Path:
     """Replace this section of `report` (between its markers), or append it."""
+    return put_section(report, f"{START}\n{markdown(results)}\n{END}")
+
+
+def read_section(report: Path) -> str | None:
+    """This section of `report` as it stands, markers included; None if it has none."""
+    text = report.read_text() if report.exists() else ""
+    if START not in text or END not in text:
+        return None
+    return START + text.split(START, 1)[1].split(END, 1)[0] + END
+
+
+def put_section(report: Path, section: str) -> Path:
+    """`section` (markers included) in place of this section of `report`, or appended."""
     text = report.read_text() if report.exists() else "# Performance\n"
-    section = f"{START}\n{markdown(results)}\n{END}"
     if START in text and END in text:
         head, rest = text.split(START, 1)
         text = head + section + rest.split(END, 1)[1]
