@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,29 @@ def test_metrics_read_back_once_and_write_once_per_window(tmp_path: Path) -> Non
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(2, 2.0)]
     assert [e.value for e in acc.Scalars("optim/grad_norm")] == [2.0]
+
+
+def test_held_scalars_reach_tensorboard_on_flush_stamped_when_made(tmp_path: Path) -> None:
+    """Scalars wait up to a second for TensorBoard's writer (and are handed over before every
+    checkpoint): on disk they carry the time their window ended, not the hand-over's."""
+    metrics = MetricsLogger(tmp_path, CPU1, log_every_n_steps=1, total_steps=4)
+    stamps = []
+    for step in (1, 2):
+        metrics.record(torch.tensor(float(step)), 8, 0, 0.0, 0.0, None)
+        metrics.read_back()
+        before = time.time()
+        metrics.agreed([metrics.payload()], step=step, epoch=0, lr=0.1, log=True)
+        stamps.append((before, time.time()))
+        time.sleep(0.2)
+    handed_over = time.time()
+    metrics.flush()
+    metrics.close()
+    acc = EventAccumulator(str(tmp_path / "tb" / "rank0"))
+    acc.Reload()
+    events = acc.Scalars("train/loss")
+    assert [(e.step, e.value) for e in events] == [(1, 1.0), (2, 2.0)]
+    for event, (before, after) in zip(events, stamps, strict=True):
+        assert before <= event.wall_time <= after < handed_over
 
 
 def test_a_window_not_logged_keeps_accumulating(tmp_path: Path) -> None:
