@@ -67,7 +67,11 @@ def _reschedule(settings: Settings, optimizer: torch.optim.Optimizer, scheduler:
     for group, fresh in zip(optimizer.param_groups, settings.groups, strict=True):
         if "initial_lr" in fresh:
             group["initial_lr"] = fresh["initial_lr"]
-    for group, lr in zip(optimizer.param_groups, current_lrs(settings, scheduler), strict=True):
+    _set_lrs(optimizer, scheduler, current_lrs(settings, scheduler))
+
+
+def _set_lrs(optimizer: torch.optim.Optimizer, scheduler: Any, lrs: list[float]) -> None:
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
         group["lr"] = lr
     if hasattr(scheduler, "_last_lr"):
         scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
@@ -110,7 +114,9 @@ def _replan(trainer: Trainer) -> None:
     parts.total_steps = min(total, t.max_steps) if t.max_steps else total
     parts.agreement.last_step = parts.total_steps
     parts.metrics.replan(parts.total_steps)
-    schedulers.replan(parts.scheduler, parts.total_steps)
+    if schedulers.replan(parts.scheduler, parts.total_steps):  # the lr at the steps done, anew
+        configured = Settings.of(parts.optimizer, parts.scheduler)
+        _set_lrs(parts.optimizer, parts.scheduler, current_lrs(configured, parts.scheduler))
 
 
 def rederive_rng(trainer: Trainer) -> None:

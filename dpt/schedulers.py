@@ -78,17 +78,11 @@ class WarmupCosine:
         return self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def replan(scheduler: Any, total_steps: int) -> None:
+def replan(scheduler: Any, total_steps: int) -> bool:
     """A resumed run whose total changed under it (another global batch): a schedule stated in
-    fractions of the run (warmup_cosine) ends at the new last step, and the learning rate is
-    that schedule's at the steps done."""
-    lambdas = getattr(scheduler, "lr_lambdas", [])
-    if not any(isinstance(f, WarmupCosine) for f in lambdas):
-        return  # constant and step schedules do not depend on the run's length
-    for f in lambdas:
-        if isinstance(f, WarmupCosine):
-            f.total_steps = total_steps
-    groups, step = scheduler.optimizer.param_groups, scheduler.last_epoch
-    for group, base, f in zip(groups, scheduler.base_lrs, lambdas, strict=True):
-        group["lr"] = base * f(step)
-    scheduler._last_lr = [group["lr"] for group in groups]
+    fractions of the run (warmup_cosine) ends at the new last step. Returns whether the
+    schedule depends on the run's length (constant and step schedules do not)."""
+    stretched = [f for f in getattr(scheduler, "lr_lambdas", []) if isinstance(f, WarmupCosine)]
+    for f in stretched:
+        f.total_steps = total_steps
+    return bool(stretched)
