@@ -5,7 +5,9 @@ python train.py strategy=ddp             # 2 CPU workers, or one per GPU
 torchrun --standalone --nproc_per_node=2 train.py strategy=ddp launcher=torchrun
 """
 
-from dpt.cli import main
-
 if __name__ == "__main__":
+    # Imported here, not above: each rank of a local world runs this file again (as
+    # `__mp_main__`, multiprocessing's way to find the main module) and needs none of the CLI.
+    from dpt.cli import main
+
     main()

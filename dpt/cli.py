@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from dpt import run_lock
 from dpt.config import build, register_configs, validate
 from dpt.errors import Abort, DptError, could_not_write, is_disk_full, one_line
+from dpt.hydra_run import run_hydra_main
 from dpt.logs import setup_logging
 
 if TYPE_CHECKING:
@@ -90,11 +91,11 @@ def run(hydra_main: Callable[[], Any]) -> None:
     if asks_for_help(argv):
         return _report(lambda: show_help(argv))
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        hydra_main()
+        run_hydra_main(hydra_main, hydra_args(argv))
         return None
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises; we print the short form ourselves
     try:
-        _report(hydra_main)
+        _report(lambda: run_hydra_main(hydra_main, hydra_args(argv)))
     finally:
         os.environ.pop("HYDRA_FULL_ERROR", None)
     return None
@@ -110,7 +111,9 @@ def hydra_args(argv: list[str]) -> argparse.Namespace:
     return get_args_parser().parse_args(argv)
 
 
-def hydra_app(args: argparse.Namespace, cls: type[Hydra] | None = None) -> Hydra:
+def hydra_app(
+    args: argparse.Namespace, cls: type[Hydra] | None = None, task_name: str = "dpt"
+) -> Hydra:
     """Hydra as `hydra.main` sets it up for `_hydra_main`: the same search path, so that
     `--config-dir`, `--config-path` and the config groups mean the same here."""
     from hydra._internal.hydra import Hydra
@@ -127,7 +130,7 @@ def hydra_app(args: argparse.Namespace, cls: type[Hydra] | None = None) -> Hydra
             path=f"file://{os.path.abspath(args.config_dir)}",
             anchor=SearchPathQuery(provider="schema"),
         )
-    return (cls or Hydra).create_main_hydra2(task_name="dpt", config_search_path=search_path)
+    return (cls or Hydra).create_main_hydra2(task_name=task_name, config_search_path=search_path)
 
 
 # --- --help ---------------------------------------------------------------------------------------

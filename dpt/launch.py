@@ -3,6 +3,10 @@
 The config is composed once, by Hydra, in the process the user started; workers receive the
 resolved config and the run folder as arguments. No rank re-runs `sys.argv` through Hydra, so
 there is one run folder per job and a multirun never restarts itself inside a worker.
+
+Importing this module imports no torch: a local world starts its ranks' fork server
+(dpt/fork_server.py) before this process imports torch (dpt/local_world.py), so that the two
+imports overlap.
 """
 
 from __future__ import annotations
@@ -10,22 +14,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from dpt.checkpoint import checkpoint_dir, committed
+from dpt import fork_server
 from dpt.config import cpu_cores, is_distributed, parse_nproc
 from dpt.errors import DptError
-from dpt.rendezvous import keep_collectives_on_loopback, register_loopback_rendezvous
-from dpt.rollcall import SILENT_RANK
-from dpt.worker import run_worker
 
 log = logging.getLogger("dpt")
 
@@ -51,15 +49,20 @@ class LocalLauncher:
             raise DptError("this process was started by torchrun: add launcher=torchrun")
         if not is_distributed(cfg.strategy):
             return run_worker(resolved(cfg), str(run_dir))
+        fork_server.start()  # the ranks' imports, beside this process's own (torch, below)
         nproc = self.processes(cfg.trainer.device)
         name = get_class(cfg.strategy._target_).name
         log.info(f"starting {nproc} {name} workers through torch.distributed's elastic launcher")
+        from dpt.local_world import launch_local_world
+
         return launch_local_world(
             resolved(cfg), run_dir, nproc, self.max_restarts, cfg.trainer.timeout_s
         )
 
     def processes(self, device: str) -> int:
         """`auto`: one per visible GPU, or 2 on a machine without one."""
+        import torch
+
         requested = parse_nproc(self.nproc_per_node)
         gpus = torch.cuda.device_count() if device in ("auto", "cuda") else 0
         if device == "cuda" and not gpus:
@@ -93,80 +96,6 @@ def check_cpu_processes(nproc: int, cores: int) -> None:
             f"launcher.nproc_per_node={nproc}: more processes than the {cores} CPU cores here; "
             "they share the cores, each step is slower than with fewer processes"
         )
-
-
-def launch_local_world(
-    cfg_dict: dict[str, Any], run_dir: Path, nproc: int, max_restarts: int, timeout_s: float
-) -> dict[str, Any]:
-    """One single-node world through torchrun's engine; returns rank 0's summary."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"dpt-{uuid.uuid4().hex[:12]}",
-        rdzv_backend=register_loopback_rendezvous(),
-        rdzv_configs={"timeout": int(timeout_s)},
-        local_addr="127.0.0.1",  # MASTER_ADDR: rank 0's store listens on loopback only
-        max_restarts=max_restarts,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
-    with restored_environ(), stdlib_start_method(), quiet_elastic_logs():
-        # Each round's rank 0 hosts a fresh store. Sharing the rendezvous store, a restarted
-        # round (launcher.max_restarts) could read the previous round's Gloo addresses and fail
-        # with "Connection refused" (torch assumes a new store per retry; this one outlives it).
-        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        keep_collectives_on_loopback()
-        try:
-            results = elastic_launch(config, run_worker)(cfg_dict, str(run_dir))
-        except ChildFailedError as failed:
-            raise DptError(describe_failure(failed, run_dir)) from failed
-        except SignalException as stopped:  # SIGTERM/SIGINT to this process: ranks checkpointed
-            raise DptError(describe_stop(stopped, run_dir)) from stopped
-    return results[0]
-
-
-def describe_stop(stopped: Any, run_dir: Path) -> str:
-    """The launcher was told to stop; the elastic agent passed the signal on to the ranks, which
-    finished their step and wrote a checkpoint."""
-    saved = committed(checkpoint_dir(run_dir))
-    where = f"newest checkpoint {saved[-1].path}" if saved else "no checkpoint was written"
-    return (
-        f"stopped by {signal.Signals(stopped.sigval).name}; {where}. Resume: the same command "
-        f"with hydra.run.dir={run_dir} (checkpoint.resume=auto picks the newest checkpoint)"
-    )
-
-
-def describe_failure(failed: Any, run_dir: Path) -> str:
-    """One line naming the rank that caused the failure and why (from torchelastic's error
-    files): a rank that stopped answering, as another rank's roll call found; else the first
-    rank that failed."""
-    for noticed_by, failure in sorted(failed.failures.items()):
-        silent = SILENT_RANK.match(_message(failure))
-        if silent:
-            log_file = run_dir / "logs" / f"rank{silent.group(1)}.log"
-            return f"{silent.group(0)} (noticed by rank {noticed_by}; log: {log_file})"
-    rank, failure = failed.get_first_failure()
-    log_file = run_dir / "logs" / f"rank{rank}.log"
-    raw = _message(failure)
-    if failure.exitcode < 0:
-        why = f"killed by {failure.signal_name()}"
-    elif not raw or raw.startswith("To enable traceback"):  # no error file was written
-        why = f"exit code {failure.exitcode}"
-    else:
-        why = raw
-    return f"rank {rank} failed: {why} (log: {log_file})"
-
-
-def _message(failure: Any) -> str:
-    raw = failure.message
-    if isinstance(raw, dict):  # the error file's {"message": ..., "extraInfo": ...}
-        raw = raw.get("message")
-    return str(raw or "").strip().removeprefix("DptError: ")
 
 
 class TorchrunLauncher:
@@ -216,41 +145,11 @@ def follow_torchrun_world(cfg: DictConfig) -> None:
     run_worker(resolved(cfg), run_dir="")  # rank 0 broadcasts its config and folder
 
 
-@contextlib.contextmanager
-def stdlib_start_method() -> Iterator[None]:
-    """Spawn workers from a standard start method, also inside a joblib (loky) worker.
+def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
+    """`dpt.worker.run_worker`, imported (with torch) only when this process runs a rank."""
+    from dpt.worker import run_worker as run
 
-    There the default start method is `loky`, and a spawned child, which imports only the standard
-    `multiprocessing`, dies with "cannot find context for 'loky'" (hydra/launcher=joblib).
-    """
-    import multiprocessing
-
-    current = multiprocessing.get_start_method(allow_none=True)
-    if current in (None, "spawn", "fork", "forkserver"):
-        yield
-        return
-    multiprocessing.set_start_method("spawn", force=True)
-    try:
-        yield
-    finally:
-        multiprocessing.set_start_method(current, force=True)
-
-
-@contextlib.contextmanager
-def quiet_elastic_logs() -> Iterator[None]:
-    """The elastic agent logs each failure with tracebacks and each shutdown step; dpt reports
-    the failing rank in one line instead (describe_failure)."""
-    prefixes = ("torch.distributed", "torch.multiprocessing")
-    names = [n for n in logging.root.manager.loggerDict if n.startswith(prefixes)]
-    loggers = [logging.getLogger(n) for n in (*prefixes, *names)]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
+    return run(cfg_dict, run_dir)
 
 
 @contextlib.contextmanager

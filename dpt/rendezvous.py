@@ -8,7 +8,6 @@ loopback (`master_listen_fd`), for the local launcher's rendezvous and for rank 
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 from datetime import timedelta
 
@@ -68,17 +67,6 @@ def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
     timeout = timedelta(seconds=params.get_as_int("read_timeout", 60))
     store = loopback_store(0, True, timeout)
     return create_handler(store, _LoopbackBackend(store, params.run_id), params)
-
-
-def keep_collectives_on_loopback() -> None:
-    """Point Gloo and NCCL's own sockets at the loopback interface for the workers started from
-    here, unless the user chose an interface. Left alone, both bind the address the hostname
-    resolves to, which on many machines is on the network."""
-    names = {name for _, name in socket.if_nameindex()}
-    loopback = next((name for name in ("lo", "lo0") if name in names), None)
-    if loopback is not None:
-        for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-            os.environ.setdefault(variable, loopback)
 
 
 def register_loopback_rendezvous() -> str:

@@ -26,6 +26,9 @@ from dpt.errors import DptError
 
 ANSWER_WITHIN_S = 3.0
 POLL_S = 0.5  # how often a rank looks for a roll call (one store round trip)
+# A poll this late means the process itself did not run (SIGSTOP, a debugger): the other ranks
+# have given up on it, and the store, hosted by rank 0, may be gone with them.
+FROZEN_AFTER_S = POLL_S + 5.0
 # How the launcher finds, among the ranks' error messages, the rank that a roll call named.
 SILENT_RANK = re.compile(r"^rank (\d+) stopped answering: .*")
 
@@ -51,6 +54,8 @@ class RollCall:
         self.env = env
         self.address = (os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT", 0)))
         self._done, self._thread = threading.Event(), None
+        self._polled = time.monotonic()  # the answering thread's last poll
+        self._frozen = False
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted world: new keys
         self.prefix = f"dpt/rollcall/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{restart}/"
 
@@ -63,6 +68,7 @@ class RollCall:
         """Publish this rank's host and pid, then answer the roll call from a daemon thread."""
         if self.env.world_size == 1 or not self.address[1]:
             return
+        self._polled = time.monotonic()
         self._thread = threading.Thread(target=self._answer, name="dpt-rollcall", daemon=True)
         self._thread.start()
 
@@ -77,15 +83,29 @@ class RollCall:
         with contextlib.suppress(Exception):  # the store went away: the world is ending anyway
             store = self._client(timeout_s=10)
             store.set(f"{self.prefix}who/{self.env.rank}", f"{socket.gethostname()} {os.getpid()}")
+            self._polled = time.monotonic()
             # Polled, not a blocking wait: the thread must be able to stop before the store does.
             while not self._done.wait(POLL_S):
+                if self.was_frozen():
+                    return  # asking a store that may be gone only prints torch's C++ errors
+                self._polled = time.monotonic()
                 if store.check([f"{self.prefix}asked"]):
                     store.set(f"{self.prefix}here/{self.env.rank}", "1")
                     return
 
+    def was_frozen(self) -> bool:
+        """Whether this process stopped running for a while (its answering thread could not
+        poll): then it is the rank the others named, and calls no roll of its own."""
+        polling = self._thread is not None and self._thread.is_alive()
+        stalled = polling and time.monotonic() - self._polled > FROZEN_AFTER_S
+        self._frozen = self._frozen or stalled
+        return self._frozen
+
     def absent(self, timeout_s: float) -> RankStoppedAnswering | None:
         """Call the roll; the lowest rank that did not answer, as an error naming it, or None when
-        all answered or the store cannot be reached."""
+        all answered, the store cannot be reached, or this rank itself was the silent one."""
+        if self.was_frozen():
+            return None
         try:
             store = self._client(timeout_s=ANSWER_WITHIN_S)
             store.set(f"{self.prefix}asked", "1")

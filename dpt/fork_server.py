@@ -1,0 +1,71 @@
+"""The ranks of a local world fork from a server that has imported torch and dpt once.
+
+Started with `spawn`, every rank imported torch, torch._dynamo (the optimizer's constructor
+imports it) and dpt on its own: about 3 s of CPU each, and only after the launcher had imported
+torch itself. Python's `forkserver` start method imports them once, in a server process, and forks
+each rank from it. The server is started as soon as the config asks for a local world, before this
+process imports torch, so the two imports overlap; a restarted round (`launcher.max_restarts`)
+and the next job of a multirun fork from the same server.
+
+The server never touches a GPU: each rank initialises CUDA after the fork, as under `spawn`.
+Ranks inherit the server's environment (plus the per-rank variables the elastic agent passes),
+so the server is started anew when the environment changed since it started (e.g. the next job
+of a sweep sets other `hydra.job.env_set` variables): ranks see the environment the launcher had
+when it launched them, as under `spawn`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+START_METHOD = "forkserver"
+
+# What every rank imports before its first step: dpt's worker (torch, dpt's parts, Hydra's
+# instantiate) and torch._dynamo, which the optimizer's constructor imports.
+PRELOAD = ("dpt.worker", "torch._dynamo")
+
+
+# The environment the running server was started with (its ranks' environment).
+_started_with: dict[str, str] | None = None
+
+
+def start() -> None:
+    """Start the server now, importing PRELOAD while this process goes on; a no-op while it runs
+    with this process's environment."""
+    global _started_with
+    extra = collectives_on_loopback()
+    environ = {**os.environ, **extra}
+    if _started_with is not None and environ != _started_with:
+        multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
+    multiprocessing.get_context(START_METHOD).set_forkserver_preload(list(PRELOAD))
+    with _environ(extra):
+        multiprocessing.forkserver.ensure_running()
+    _started_with = environ
+
+
+def collectives_on_loopback() -> dict[str, str]:
+    """Gloo's and NCCL's own sockets on the loopback interface for the ranks of a local world,
+    unless the user chose an interface. Left alone, both bind the address the hostname resolves
+    to, which on many machines is on the network."""
+    names = {name for _, name in socket.if_nameindex()}
+    loopback = next((name for name in ("lo", "lo0") if name in names), None)
+    if loopback is None:
+        return {}
+    variables = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+    return {name: loopback for name in variables if name not in os.environ}
+
+
+@contextmanager
+def _environ(extra: dict[str, str]) -> Iterator[None]:
+    """`extra` in the environment for the server to inherit, not left in this process's."""
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for name in extra:
+            os.environ.pop(name, None)

@@ -1,0 +1,115 @@
+"""The ranks of a local world fork from a server that imported torch and dpt while the launcher
+went on (dpt/fork_server.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpt import fork_server
+from tests.helpers import REPO
+
+# In a fresh interpreter: start the server, then one process from it, as the elastic agent starts
+# a rank; report what the rank found and what the launcher had imported meanwhile.
+PROBE = """
+import json, multiprocessing, os, sys
+
+def rank(queue):
+    queue.put({
+        "preloaded": [m for m in ("torch", "torch._dynamo", "dpt.worker") if m in sys.modules],
+        "gloo": os.environ.get("GLOO_SOCKET_IFNAME"),
+        "parent": os.getppid(),
+    })
+
+if __name__ == "__main__":
+    import dpt.launch
+    from dpt import fork_server
+    fork_server.start()
+    launcher_torch = "torch" in sys.modules
+    context = multiprocessing.get_context(fork_server.START_METHOD)
+    queue = context.Queue()
+    process = context.Process(target=rank, args=(queue,))
+    process.start()
+    found = queue.get(timeout=60)
+    process.join()
+    found.update(launcher_torch=launcher_torch, launcher=os.getpid(),
+                 launcher_gloo=os.environ.get("GLOO_SOCKET_IFNAME"), exitcode=process.exitcode)
+    print(json.dumps(found))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_rank_forks_from_the_server_with_torch_and_dpt_imported(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"  # a file: the rank's function must be found by name
+    probe.write_text(PROBE)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("SOCKET_IFNAME")}
+    env["PYTHONPATH"] = str(REPO)
+    result = subprocess.run(
+        [sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=100
+    )
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["preloaded"] == ["torch", "torch._dynamo", "dpt.worker"]
+    assert not found["launcher_torch"]  # the launcher's own torch import comes after the start
+    assert found["parent"] != found["launcher"]  # forked by the server
+    assert found["gloo"] == "lo"  # ranks' collectives on loopback ...
+    assert found["launcher_gloo"] is None  # ... set for the server, not left in the launcher
+    assert found["exitcode"] == 0
+
+
+def test_a_chosen_interface_is_left_to_the_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth1")
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    assert fork_server.collectives_on_loopback() == {"NCCL_SOCKET_IFNAME": "lo"}
+
+
+# Two launches from one process, as two jobs of a sweep: the second sets a variable of its own.
+ENV_PROBE = """
+import json, multiprocessing, os, sys
+from multiprocessing import forkserver
+
+def rank(queue):
+    queue.put(os.environ.get("DPT_PROBE_VARIABLE"))
+
+def launch():
+    fork_server.start()
+    context = multiprocessing.get_context(fork_server.START_METHOD)
+    queue = context.Queue()
+    process = context.Process(target=rank, args=(queue,))
+    process.start()
+    seen = queue.get(timeout=60)
+    process.join()
+    return forkserver._forkserver._forkserver_pid, seen
+
+if __name__ == "__main__":
+    from dpt import fork_server
+    first = launch()
+    again = launch()
+    os.environ["DPT_PROBE_VARIABLE"] = "job 2"
+    changed = launch()
+    print(json.dumps([first, again, changed]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_ranks_see_the_environment_of_their_launch(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(ENV_PROBE)
+    env = {k: v for k, v in os.environ.items() if k != "DPT_PROBE_VARIABLE"}
+    env["PYTHONPATH"] = str(REPO)
+    result = subprocess.run(
+        [sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=160
+    )
+    assert result.returncode == 0, result.stderr
+    first, again, changed = json.loads(result.stdout.strip().splitlines()[-1])
+    assert first == again  # the same server, nothing changed
+    assert first[1] is None
+    assert changed[0] != first[0]  # a new server ...
+    assert changed[1] == "job 2"  # ... whose ranks see the variable
