@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -212,20 +211,9 @@ def _hparams_summary(tag: str, data: Any) -> Any:
     return Summary(value=[Summary.Value(tag=tag, metadata=meta, tensor=metadata.NULL_TENSOR)])
 
 
-def write(folder: Path, summaries: Iterable[Any]) -> None:
-    """Summaries into a new event file of their own in `folder` (no torch needed)."""
-    from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-    writer = EventFileWriter(str(folder))
-    try:
-        for summary in summaries:
-            writer.add_event(Event(wall_time=time.time(), step=0, summary=summary))
-    finally:
-        writer.close()
-
-
 def write_sweep_experiment(sweep_dir: Path, runs: list[dict[str, Any]]) -> None:
     """The sweep's one experiment, beside its jobs' folders (`<sweep>/tb/`)."""
     if runs:
+        from dpt.event_file import write
+
         write(sweep_dir / TB_FOLDER, [experiment(runs)])

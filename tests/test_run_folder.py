@@ -214,16 +214,17 @@ def test_a_full_disk_under_the_log_file_is_said_once(
 def test_a_full_disk_under_tensorboard_ends_in_one_line_and_keeps_the_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from torch.utils.tensorboard.writer import FileWriter
+    from dpt.event_file import EventFile
 
-    written = FileWriter.add_event
+    written = EventFile.write
 
-    def fills_up(self: Any, event: Any, step: int | None = None, walltime: Any = None) -> None:
-        if step is not None and step > 6:  # TensorBoard's disk fills up after step 6
+    def fills_up(self: Any, events: Any) -> None:
+        events = list(events)
+        if any(event.step > 6 for event in events):  # TensorBoard's disk fills up after step 6
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        written(self, event, step, walltime)
+        written(self, events)
 
-    monkeypatch.setattr(FileWriter, "add_event", fills_up)
+    monkeypatch.setattr(EventFile, "write", fills_up)
     run = tmp_path / "run"
     cfg = compose(*FAST, "trainer.max_steps=20", "checkpoint.every_n_steps=3",
                   "trainer.log_every_n_steps=1", "dataset.num_val_samples=0")  # fmt: skip

@@ -1,0 +1,87 @@
+"""TensorBoard event files, written in bulk on the caller's thread.
+
+TensorBoard's own writer (under torch's `SummaryWriter`) hands every event to a thread that
+frames it with a CRC-32C computed in pure Python and appends it to the file: ~80 us of the
+interpreter per event, which the training thread then waits for, since both want the GIL
+(measured: 160 us a step at `trainer.log_every_n_steps=1`, about 17 % of an MLP step). Here a
+batch of events is framed at once, with google-crc32c's compiled CRC, and appended in one write.
+
+The file is the one TensorBoard's writer makes: the same name pattern, a `brain.Event:2` event
+first, and for a resumed run torch's purge events (a `SessionLog.START` at the purge step, after
+which TensorBoard hides what an earlier run wrote past it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import struct
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import google_crc32c
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.summary_pb2 import Summary
+
+_MASK_DELTA = 0xA282EAD8
+_file_numbers = itertools.count()  # one process may open several files in a second
+
+
+def masked_crc32c(data: bytes) -> int:
+    """The TFRecord checksum: CRC-32C, rotated right by 15 bits, plus a constant."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame(record: bytes) -> bytes:
+    """One TFRecord: length, masked CRC of the length, the record, masked CRC of the record."""
+    header = struct.pack("<Q", len(record))
+    checks = struct.pack("<I", masked_crc32c(header)), struct.pack("<I", masked_crc32c(record))
+    return header + checks[0] + record + checks[1]
+
+
+def scalars_event(scalars: dict[str, float], step: int, wall_time: float) -> Event:
+    """All of a window's scalars as one event (one `add_scalar` each would write one event a
+    tag, and build each value through numpy)."""
+    values = [Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
+    return Event(wall_time=wall_time, step=step, summary=Summary(value=values))
+
+
+def summary_event(summary: Any, step: int = 0) -> Event:
+    return Event(wall_time=time.time(), step=step, summary=summary)
+
+
+class EventFile:
+    """A new event file in `folder`; `purge_step`: a resumed run's first step (see above)."""
+
+    def __init__(self, folder: Path, purge_step: int | None = None) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
+                f"{os.getpid()}.{next(_file_numbers)}")  # fmt: skip
+        self.path = folder / name
+        self._file = open(self.path, "wb")  # noqa: SIM115  # open until close()
+        first = [Event(wall_time=time.time(), file_version="brain.Event:2")]
+        if purge_step is not None:
+            start = SessionLog(status=SessionLog.START)
+            first.append(Event(wall_time=time.time(), step=purge_step, session_log=start))
+        self.write(first)
+
+    def write(self, events: Iterable[Event]) -> None:
+        """Append the events in one write, handed to the operating system (not fsynced)."""
+        self._file.write(b"".join(frame(event.SerializeToString()) for event in events))
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def write(folder: Path, summaries: Iterable[Any]) -> None:
+    """Summaries into a new event file of their own in `folder`."""
+    events = EventFile(folder)
+    try:
+        events.write(summary_event(summary) for summary in summaries)
+    finally:
+        events.close()
