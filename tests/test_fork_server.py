@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,18 +45,23 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_a_rank_forks_from_the_server_with_torch_and_dpt_imported(tmp_path: Path) -> None:
+def _run_probe(tmp_path: Path, script: str, drop: Callable[[str], bool]) -> Any:
+    """Run `script` in a fresh interpreter, without the variables `drop` names; its last line."""
     probe = tmp_path / "probe.py"  # a file: the rank's function must be found by name
-    probe.write_text(PROBE)
-    env = {k: v for k, v in os.environ.items() if not k.endswith("SOCKET_IFNAME")}
+    probe.write_text(script)
+    env = {name: value for name, value in os.environ.items() if not drop(name)}
     env["PYTHONPATH"] = str(REPO)
     result = subprocess.run(
-        [sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=100
+        [sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=150
     )
     assert result.returncode == 0, result.stderr
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_rank_forks_from_the_server_with_torch_and_dpt_imported(tmp_path: Path) -> None:
+    found = _run_probe(tmp_path, PROBE, drop=lambda name: name.endswith("SOCKET_IFNAME"))
     assert found["preloaded"] == ["torch", "torch._dynamo", "dpt.worker"]
     assert not found["launcher_torch"]  # the launcher's own torch import comes after the start
     assert found["parent"] != found["launcher"]  # forked by the server
@@ -100,15 +107,7 @@ if __name__ == "__main__":
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_ranks_see_the_environment_of_their_launch(tmp_path: Path) -> None:
-    probe = tmp_path / "probe.py"
-    probe.write_text(ENV_PROBE)
-    env = {k: v for k, v in os.environ.items() if k != "DPT_PROBE_VARIABLE"}
-    env["PYTHONPATH"] = str(REPO)
-    result = subprocess.run(
-        [sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=160
-    )
-    assert result.returncode == 0, result.stderr
-    first, again, changed = json.loads(result.stdout.strip().splitlines()[-1])
+    first, again, changed = _run_probe(tmp_path, ENV_PROBE, drop="DPT_PROBE_VARIABLE".__eq__)
     assert first == again  # the same server, nothing changed
     assert first[1] is None
     assert changed[0] != first[0]  # a new server ...
