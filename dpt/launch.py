@@ -21,7 +21,6 @@ from typing import Any
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from dpt import fork_server
 from dpt.config import cpu_cores, is_distributed, parse_nproc
 from dpt.errors import DptError
 
@@ -49,6 +48,8 @@ class LocalLauncher:
             raise DptError("this process was started by torchrun: add launcher=torchrun")
         if not is_distributed(cfg.strategy):
             return run_worker(resolved(cfg), str(run_dir))
+        from dpt import fork_server  # here: a single process needs none of it
+
         fork_server.start()  # the ranks' imports, beside this process's own (torch, below)
         nproc = self.processes(cfg.trainer.device)
         name = get_class(cfg.strategy._target_).name
