@@ -39,19 +39,20 @@ def masked_crc32c(data: bytes) -> int:
 def frame(record: bytes) -> bytes:
     """One TFRecord: length, masked CRC of the length, the record, masked CRC of the record."""
     header = struct.pack("<Q", len(record))
-    checks = struct.pack("<I", masked_crc32c(header)), struct.pack("<I", masked_crc32c(record))
-    return header + checks[0] + record + checks[1]
+    header_crc = struct.pack("<I", masked_crc32c(header))
+    return header + header_crc + record + struct.pack("<I", masked_crc32c(record))
 
 
 def scalars_event(scalars: dict[str, float], step: int, wall_time: float) -> Event:
     """All of a window's scalars as one event (one `add_scalar` each would write one event a
     tag, and build each value through numpy)."""
-    values = [Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
+    values = [Summary.Value(tag=tag, simple_value=float(v)) for tag, v in scalars.items()]
     return Event(wall_time=wall_time, step=step, summary=Summary(value=values))
 
 
-def summary_event(summary: Any, step: int = 0) -> Event:
-    return Event(wall_time=time.time(), step=step, summary=summary)
+def summary_event(summary: Any) -> Event:
+    """A one-off summary (HPARAMS, the overlay layout), at step 0, stamped now."""
+    return Event(wall_time=time.time(), step=0, summary=summary)
 
 
 class EventFile:
