@@ -8,12 +8,20 @@ device round trip (`MetricsLogger.read_back`) and are checked here on the host; 
 then carries the flags and the metrics window, so logging costs no second collective. Under
 `trainer.on_nonfinite=skip` ranks agree every step, since the update itself waits for the
 verdict: the documented exception.
+
+Ranks agree at log steps, but not more often than every `SPACING_S` seconds of training: where
+logging windows are shorter (a fast step logged every step), one agreement carries several
+windows, each still written with its own step and time. How many is planned at each agreement
+from the slowest rank's seconds per step, which every rank has from the same collective, so all
+ranks plan the same next step. Checkpoint steps and an epoch's or the run's last step always
+agree.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 
 from dpt.distributed import DistEnv, all_gather_floats
@@ -22,9 +30,18 @@ from dpt.interrupt import StopRequest
 
 log = logging.getLogger("dpt")
 
+# The least training time between two agreements that the loop's own cadence calls: one
+# agreement's read-back, collective and bookkeeping then cost well under 1 % of the steps between.
+SPACING_S = 0.05
+# The most logging windows one agreement carries (its collective sends 7 floats per window).
+MAX_WINDOWS = 100
+
 
 class NonFiniteLoss(DptError):
-    """The loss became NaN or infinite (trainer.on_nonfinite=error)."""
+    """The loss became NaN or infinite (trainer.on_nonfinite=error). `rows`: every rank's
+    payload of that agreement, so that the windows it carried can still be written."""
+
+    rows: list[list[float]] = []
 
 
 @dataclass
@@ -37,12 +54,32 @@ class Verdict:
 
 
 class Agreement:
-    def __init__(self, env: DistEnv, last_step: int, on_nonfinite: str) -> None:
+    def __init__(
+        self,
+        env: DistEnv,
+        last_step: int,
+        on_nonfinite: str,
+        log_every: int = 1,
+        spacing_s: float | None = None,  # None: SPACING_S
+    ) -> None:
         self.env, self.last_step, self.on_nonfinite = env, last_step, on_nonfinite
+        self.log_every = log_every
+        self.spacing_s = SPACING_S if spacing_s is None else spacing_s
+        self.next_step = log_every  # the first log step
+        self._agreed_step, self._agreed_at = 0, time.perf_counter()
 
     @property
     def every_step(self) -> bool:
         return self.on_nonfinite == "skip"
+
+    def due(self, step: int) -> bool:
+        """Whether the loop's cadence calls for an agreement at `step`: every step under
+        on_nonfinite=skip, else at log steps at least `spacing_s` apart (as planned)."""
+        return self.every_step or (step % self.log_every == 0 and step >= self.next_step)
+
+    def start_at(self, step: int) -> None:
+        """A resumed run: the next log step after `step` is due."""
+        self._agreed_step, self.next_step = step, step + 1
 
     def agree(
         self, stop: StopRequest, step: int, losses: list[float], payload: list[float]
@@ -52,16 +89,32 @@ class Agreement:
         the last agreement, the last one `step`'s. Raises NonFiniteLoss under
         on_nonfinite=error."""
         first_step, first_loss = _first_nonfinite(losses, step - len(losses) + 1)
-        rows = all_gather_floats([float(self._code(first_step)), float(bool(stop)), *payload],
-                                 self.env)  # fmt: skip
+        now = time.perf_counter()
+        header = [float(self._code(first_step)), float(bool(stop)), now - self._agreed_at]
+        rows = all_gather_floats(header + payload, self.env)
+        self._plan(step, max(row[2] for row in rows))
+        self._agreed_at = now
         stop_now = any(row[1] for row in rows)
         if stop_now and not stop:
             stop.signal_name = "a signal on another rank"
-        verdict = Verdict(True, stop_now, [row[2:] for row in rows])
+        verdict = Verdict(True, stop_now, [row[3:] for row in rows])
         bad_code = max(row[0] for row in rows)
         if bad_code:
-            verdict.apply_update = self._bad_step(int(bad_code), first_loss)
+            try:
+                verdict.apply_update = self._bad_step(int(bad_code), first_loss)
+            except NonFiniteLoss as error:
+                error.rows = verdict.rows
+                raise
         return verdict
+
+    def _plan(self, step: int, slowest_s: float) -> None:
+        """The next log step due: enough windows that `spacing_s` of training pass first, from
+        the slowest rank's time since the last agreement (the same numbers on every rank)."""
+        steps, self._agreed_step = step - self._agreed_step, step
+        window_s = slowest_s / max(steps, 1) * self.log_every
+        windows = math.ceil(self.spacing_s / window_s) if window_s > 0 else MAX_WINDOWS
+        windows = min(max(windows, 1), MAX_WINDOWS)
+        self.next_step = (step // self.log_every + windows) * self.log_every
 
     def _code(self, first_step: int) -> int:
         """The max over ranks picks the earliest bad step, then the lowest rank with it."""

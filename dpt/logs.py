@@ -13,6 +13,49 @@ LOGGER_NAME = "dpt"
 TRACE_LOGGER_NAME = "dpt_traceback"
 
 
+class _EveryLineFormatter(logging.Formatter):
+    """Prefixes every line of a message, not only its first (a record of held lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        message = record.message
+        if "\n" not in message:
+            return super().formatMessage(record)
+        lines = []
+        for line in message.split("\n"):
+            record.message = line
+            lines.append(super().formatMessage(record))
+        record.message = message
+        return "\n".join(lines)
+
+
+class HeldLines(logging.Filter):
+    """Info lines held, then handed to the logger's handlers as one record: one write and one
+    flush per handler instead of one per line. Any other record of the logger first releases
+    them, so lines keep their order."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__()
+        self.logger, self.lines = logger, list[str]()
+        logger.addFilter(self)
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+
+    def release(self) -> None:
+        if self.lines:
+            lines, self.lines = self.lines, []
+            self.logger.info("\n".join(lines))
+
+    def close(self) -> None:
+        self.release()
+        self.logger.removeFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.lines:
+            self.release()  # before this record: it was made after them
+        return True
+
+
 class _TqdmStreamHandler(logging.Handler):
     """Writes through tqdm so that lines never tear a progress bar on a terminal."""
 
@@ -67,7 +110,7 @@ def setup_logging(prefix: str, log_file: Path | None = None) -> logging.Logger:
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
-    formatter = logging.Formatter(f"[{prefix}] %(message)s")
+    formatter = _EveryLineFormatter(f"[{prefix}] %(message)s")
     console = _TqdmStreamHandler()
     console.setFormatter(formatter)
     logger.addHandler(console)
@@ -79,7 +122,7 @@ def setup_logging(prefix: str, log_file: Path | None = None) -> logging.Logger:
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         file_handler = _RankFileHandler(log_file)
-        file_handler.setFormatter(logging.Formatter(f"%(asctime)s [{prefix}] %(message)s"))
+        file_handler.setFormatter(_EveryLineFormatter(f"%(asctime)s [{prefix}] %(message)s"))
         logger.addHandler(file_handler)
         trace.addHandler(file_handler)
     return logger

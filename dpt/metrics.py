@@ -1,10 +1,12 @@
 """Training metrics: per-rank TensorBoard, world aggregates on rank 0, console lines, a bar.
 
 Per step nothing is computed: the loss and gradient norm are kept as the device made them, counts
-and times summed on the host. At each agreement (`dpt.agreement`: at least once per logging
-window) the kept values come back in one read-back, the one wait for the device, and the window's
-sums travel to every rank in the agreement's one collective; rank 0 then writes the world's
-numbers, including how far the slowest rank lags (stragglers).
+and times summed on the host. A logging window ends on the host alone (its sums set aside, its
+time stamped). At each agreement (`dpt.agreement`: one per logging window, or one per several
+short ones) the kept losses come back in one read-back, the one wait for the device, and the
+ended windows' sums travel to every rank in the agreement's one collective; every window is then
+written with its own step and time, and rank 0 writes the world's numbers, including how far
+the slowest rank lags (stragglers).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ import torch
 from dpt import dashboard
 from dpt.dashboard import WORLD
 from dpt.distributed import DistEnv
+from dpt.logs import HeldLines
 
 log = logging.getLogger("dpt")
 
@@ -31,9 +35,36 @@ log = logging.getLogger("dpt")
 # caches warm, than one window at a time.
 HOLD_S = 1.0
 
-# The payload one rank sends at an agreement, in this order (see `MetricsLogger.payload`).
-FIELDS = ("samples_since", "bad_since", "loss", "grad_norm", "steps", "samples", "elapsed",
-          "data_s", "work_s")  # fmt: skip
+# The payload one rank sends at an agreement (see `MetricsLogger.payload`): SINCE, then
+# WINDOW for each logging window that ended since the last agreement, oldest first.
+SINCE = ("samples_since", "bad_since")
+WINDOW = ("loss", "grad_norm", "steps", "samples", "elapsed", "data_s", "work_s")
+
+
+@dataclass
+class Window:
+    """One logging window of this rank: sums on the host, losses still on the device."""
+
+    steps: int = 0
+    samples: int = 0
+    data_s: float = 0.0
+    work_s: float = 0.0
+    loss: float = 0.0  # sums of the losses and gradient norms read back so far
+    grad_norm: float = 0.0
+    unread: int = 0  # of its steps, those whose loss is still on the device
+    clipped: bool = False  # it has gradient norms (trainer.grad_clip_norm)
+    # Set when it ends:
+    step: int = 0
+    epoch: int = 0
+    lr: float = 0.0
+    elapsed: float = 0.0
+    wall_time: float = 0.0  # its events' stamp
+    extra: dict[str, float] = field(default_factory=dict)  # e.g. CUDA memory at its end
+
+    def sent(self) -> list[float]:
+        """Its numbers in the order of WINDOW."""
+        return [self.loss, self.grad_norm, self.steps, self.samples, self.elapsed, self.data_s,
+                self.work_s]  # fmt: skip
 
 
 class StragglerWatch:
@@ -89,11 +120,16 @@ class MetricsLogger:
         self._pending: dict[str, Callable[[], list[Any]]] = {}
         self.bar = self._progress_bar() if env.is_main and sys.stdout.isatty() else None
         self.stragglers = StragglerWatch()
+        self.lines = HeldLines(log)  # the windows' console lines
         self.last_world_loss: float | None = None
         self.world_samples = 0  # world-wide samples trained in this session
         self.bad_samples = 0  # world-wide unreadable samples skipped since the last `take_bad`
         self._since = [0, 0]  # samples trained, unreadable ones skipped: since the last agreement
-        self._reset_window()
+        self._unread: list[torch.Tensor] = []  # per step since the last read-back, on the device
+        self._unread_norms: list[torch.Tensor] = []
+        self._open = Window()
+        self._ended: list[Window] = []  # since the last agreement, oldest first
+        self._window_start = time.perf_counter()
 
     def _progress_bar(self) -> Any:
         from tqdm import tqdm
@@ -115,17 +151,6 @@ class MetricsLogger:
             self.bar.total = total_steps
             self.bar.refresh()
 
-    def _reset_window(self) -> None:
-        self._unread: list[torch.Tensor] = []  # per step since the last read-back, on the device
-        self._unread_norms: list[torch.Tensor] = []
-        self._loss_sum = self._grad_norm_sum = 0.0  # of the window's steps already read back
-        self._clipped = False  # the window has gradient norms (trainer.grad_clip_norm)
-        self._steps = 0
-        self._samples = 0
-        self._data_s = 0.0
-        self._work_s = 0.0
-        self._window_start = time.perf_counter()
-
     def record(
         self,
         loss: torch.Tensor,
@@ -137,57 +162,86 @@ class MetricsLogger:
     ) -> None:
         """One optimizer step. Nothing here waits for the device or another rank."""
         self._unread.append(loss)
+        window = self._open
         if grad_norm is not None:
             self._unread_norms.append(grad_norm.detach())
-            self._clipped = True
-        self._steps += 1
-        self._samples += samples
+            window.clipped = True
+        window.steps += 1
+        window.unread += 1
+        window.samples += samples
+        window.data_s += data_s
+        window.work_s += work_s
         self._since[0] += samples
         self._since[1] += bad
-        self._data_s += data_s
-        self._work_s += work_s
         if self.bar is not None:
             self.bar.update(1)
 
+    def end_window(self, step: int, epoch: int) -> None:
+        """The window ends at `step` (the same steps on every rank): its time is taken here, on
+        the host; it is written after the next agreement."""
+        window, now = self._open, time.perf_counter()
+        window.step, window.epoch, window.wall_time = step, epoch, time.time()
+        window.elapsed, self._window_start = now - self._window_start, now
+        if self.env.device.type == "cuda":
+            window.extra = {
+                "memory/cuda_allocated_gb": torch.cuda.memory_allocated() / 2**30,
+                "memory/cuda_max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
+            }
+        self._ended.append(window)
+        self._open = Window()
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate logged with the window that just ended: the one going forward."""
+        self._ended[-1].lr = lr
+
     def read_back(self) -> list[float]:
         """The losses of the steps since the last read-back, in order, as floats: one wait for
-        the device (one stack, one copy). Their sums join the window's."""
+        the device (one copy). Their sums join their windows'."""
         if not self._unread:
             return []
         kept = self._unread + self._unread_norms
         if any(t.dtype != torch.float32 for t in kept):  # e.g. a bf16 loss: one dtype to stack
             kept = [t.float() for t in kept]
-        values = torch.stack(kept).tolist()  # waits for the device
-        losses, norms = values[: len(self._unread)], values[len(self._unread) :]
-        self._loss_sum += sum(losses)
-        self._grad_norm_sum += sum(norms)
+        values = (torch.stack(kept) if len(kept) > 1 else kept[0]).tolist()  # waits
+        values = values if isinstance(values, list) else [values]
+        count = len(self._unread)
+        losses, norms = values[:count], values[count:]
+        start = 0
+        for window in (*self._ended, self._open):
+            end = start + window.unread
+            window.loss += sum(losses[start:end])
+            window.grad_norm += sum(norms[start:end])
+            window.unread, start = 0, end
         self._unread, self._unread_norms = [], []
         return losses
 
     def payload(self) -> list[float]:
-        """This rank's numbers for the agreement, in the order of FIELDS (after `read_back`)."""
-        elapsed = time.perf_counter() - self._window_start
-        return [*self._since, self._loss_sum, self._grad_norm_sum, self._steps, self._samples,
-                elapsed, self._data_s, self._work_s]  # fmt: skip
+        """This rank's numbers for the agreement (after `read_back`): SINCE, then WINDOW for each
+        window ended since the last agreement."""
+        sent = [float(n) for n in self._since]
+        for window in self._ended:
+            sent += window.sent()
+        return sent
 
-    def agreed(self, rows: list[list[float]], step: int, epoch: int, lr: float, log: bool) -> None:
-        """Take in every rank's payload; write and reset the window if `log` (same on all ranks)."""
-        world = [dict(zip(FIELDS, row, strict=True)) for row in rows]
-        self.world_samples += int(sum(r["samples_since"] for r in world))
-        self.bad_samples += int(sum(r["bad_since"] for r in world))
+    def agreed(self, rows: list[list[float]]) -> None:
+        """Take in every rank's payload; write the windows ended since the last agreement."""
+        self.world_samples += int(sum(row[0] for row in rows))
+        self.bad_samples += int(sum(row[1] for row in rows))
         self._since = [0, 0]
-        if log and self._steps:
-            self._write_window(world, step, epoch, lr)
-            self._reset_window()
+        width, at = len(WINDOW), len(SINCE)
+        for i, window in enumerate(self._ended):
+            world = [dict(zip(WINDOW, row[at + i * width : at + (i + 1) * width], strict=True))
+                     for row in rows]  # fmt: skip
+            self._write_window(window, world)
+        self._ended = []
+        self.lines.release()  # the windows' lines, in one write
 
     def take_bad(self) -> int:
         """World-wide unreadable samples skipped since the last call."""
         bad, self.bad_samples = self.bad_samples, 0
         return bad
 
-    def _write_window(
-        self, world: list[dict[str, float]], step: int, epoch: int, lr: float
-    ) -> None:
+    def _write_window(self, window: Window, world: list[dict[str, float]]) -> None:
         mine = world[self.env.rank]
         steps, elapsed = mine["steps"], mine["elapsed"]
         loss = mine["loss"] / steps
@@ -197,26 +251,24 @@ class MetricsLogger:
             "time/step_s": elapsed / steps,
             "time/data_s": mine["data_s"] / steps,
             "time/work_s": mine["work_s"] / steps,
-            "optim/lr": lr,
+            "optim/lr": window.lr,
         }
-        if self._clipped:  # mean pre-clip global norm over the window
+        if window.clipped:  # mean pre-clip global norm over the window
             rank_scalars["optim/grad_norm"] = mine["grad_norm"] / steps
         if self.memory is not None:
             rank_scalars |= self.memory()
-        if self.env.device.type == "cuda":
-            rank_scalars["memory/cuda_allocated_gb"] = torch.cuda.memory_allocated() / 2**30
-            rank_scalars["memory/cuda_max_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
-        self._write(f"rank{self.env.rank}", rank_scalars, step)
+        rank_scalars |= window.extra
+        self._write(f"rank{self.env.rank}", rank_scalars, window)
         self.last_world_loss = sum(r["loss"] for r in world) / sum(r["steps"] for r in world)
         world_samples_s = sum(r["samples"] for r in world) / max(r["elapsed"] for r in world)
         stragglers = self.stragglers.update([r["work_s"] / r["steps"] for r in world])
         if self.env.is_main:
             world_scalars = {"train/loss": self.last_world_loss,
                              "train/samples_per_s": world_samples_s, **stragglers}  # fmt: skip
-            self._write(WORLD, world_scalars, step)
-        log.info(
-            f"epoch {epoch + 1} | step {step}/{self.total_steps} | loss {loss:.4f} | "
-            f"{mine['samples'] / elapsed:,.0f} samples/s"
+            self._write(WORLD, world_scalars, window)
+        self.lines.add(
+            f"epoch {window.epoch + 1} | step {window.step}/{self.total_steps} | "
+            f"loss {loss:.4f} | {mine['samples'] / elapsed:,.0f} samples/s"
         )
         if self.bar is not None:
             self.bar.set_postfix(
@@ -226,7 +278,7 @@ class MetricsLogger:
     def scalars(self, values: dict[str, float], step: int) -> None:
         """Already-aggregated values (e.g. validation): rank 0 writes them to the world folder."""
         if self.env.is_main and values:
-            self._write(WORLD, values, step)
+            self._hold(WORLD, values, step, time.time())
 
     def start_session(self, hparams: dict[str, Any]) -> None:
         """Rank 0: this run's HPARAMS session in the world folder, whose own scalar tags are the
@@ -246,6 +298,7 @@ class MetricsLogger:
             self._add(WORLD, [dashboard.session_end(ok)])
 
     def close(self) -> None:
+        self.lines.close()
         if self.bar is not None:
             self.bar.close()
         self.flush()
@@ -270,9 +323,12 @@ class MetricsLogger:
         # after the other and does not go back to an earlier one that still grows.
         self._writer(name).write([summary_event(summary) for summary in summaries])
 
-    def _write(self, name: str, scalars: dict[str, float], step: int) -> None:
-        """Hold a window's scalars; their event is made at the hand-over (`flush`)."""
-        self._held.append((name, scalars, step, time.time()))
+    def _write(self, name: str, scalars: dict[str, float], window: Window) -> None:
+        self._hold(name, scalars, window.step, window.wall_time)
+
+    def _hold(self, name: str, scalars: dict[str, float], step: int, wall_time: float) -> None:
+        """Hold scalars; their event is made at the hand-over (`flush`)."""
+        self._held.append((name, scalars, step, wall_time))
         if time.perf_counter() - self._held_since >= HOLD_S:
             self.flush()
 

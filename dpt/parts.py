@@ -100,7 +100,7 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
         precision=precision, to_device=to_device,
         metrics=MetricsLogger(run_dir, env, t.log_every_n_steps, total_steps,
                               MemoryUse(model, optimizer).scalars),
-        agreement=Agreement(env, total_steps, t.on_nonfinite),
+        agreement=Agreement(env, total_steps, t.on_nonfinite, t.log_every_n_steps),
         validation=Validation(loaders.val, env, data.num_classes, precision.autocast, to_device,
                               _lockstep_shape(strategy, env, data.input_shape)),
         early_stopping=EarlyStopping(t.early_stopping, verbose=env.is_main),

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpt.agreement import Verdict
+from dpt.agreement import NonFiniteLoss, Verdict
 from dpt.checkpoint import Committed
 from dpt.console import log_epoch
 from dpt.data.loaders import Batch
@@ -79,11 +79,16 @@ class Trainer:
         )
         samples, bad = sum(len(b[1]) for b in micro_batches), sum(b[2] for b in micro_batches)
         self.metrics.record(loss, samples, bad, data_s, work_s, grad_norm)
-        verdict = self.agree(stop) if self.agrees_now() else None  # waits: once per window
+        ends_epoch, ends_window = self.ends_epoch_or_window()
+        if ends_window:  # on the host: its sums wait for the next agreement
+            self.metrics.end_window(self.progress.step + 1, self.position.epoch)
+        verdict = self.agree(stop) if self.agrees_now(ends_epoch) else None  # waits: seldom
         if verdict is None or verdict.apply_update:
             self.precision.step(self.optimizer)  # 16-mixed: the scaler waits for its inf check
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        if ends_window:
+            self.metrics.set_lr(self.scheduler.get_last_lr()[0])
         self.progress.step += 1
         self.position.sample += self.global_batch
         if verdict is not None:
@@ -113,40 +118,47 @@ class Trainer:
             losses.append(loss.detach())
         return (losses[0] if len(losses) == 1 else torch.stack(losses).sum()), work_s
 
-    # --- agreement: the one collective per window --------------------------------------------
+    # --- agreement: the one collective per window (or per several short ones) ------------------
 
-    def agrees_now(self) -> bool:
-        """Ranks agree before anything is logged or saved and before the loop can end: at log
-        and checkpoint steps and the epoch's and run's last step; every step under
-        on_nonfinite=skip, whose update waits for the verdict. A stop signal is thus acted on
-        within trainer.log_every_n_steps steps."""
+    def ends_epoch_or_window(self) -> tuple[bool, bool]:
+        """Whether this step ends its epoch, and whether it ends a logging window: every
+        trainer.log_every_n_steps steps, and at the epoch's and the run's last step."""
+        step = self.progress.step + 1
+        ends_epoch = self.steps_left() == 1
+        ends_run = step >= self.parts.total_steps
+        return ends_epoch, ends_epoch or ends_run or step % self.settings.log_every_n_steps == 0
+
+    def agrees_now(self, ends_epoch: bool) -> bool:
+        """Ranks agree before anything is saved and before the loop can end: at checkpoint
+        steps and the epoch's and run's last step; else when the agreement's cadence calls for
+        it (log steps, spaced; every step under on_nonfinite=skip, whose update waits for the
+        verdict). A stop signal is thus acted on within trainer.log_every_n_steps steps, or
+        within `dpt.agreement.SPACING_S` seconds where that is more steps."""
         step, every_ckpt = self.progress.step + 1, self.parts.checkpoint_every
         return (
-            self.agreement.every_step
-            or step % self.settings.log_every_n_steps == 0
+            self.agreement.due(step)
             or bool(every_ckpt and step % every_ckpt == 0)
-            or self.steps_left() == 1  # this step ends the epoch
+            or ends_epoch
             or step >= self.parts.total_steps
         )
 
     def agree(self, stop: StopRequest) -> Verdict:
-        losses = self.metrics.read_back()  # the window's one wait for the device
-        return self.agreement.agree(stop, self.progress.step + 1, losses, self.metrics.payload())
+        losses = self.metrics.read_back()  # the agreement's one wait for the device
+        try:
+            return self.agreement.agree(
+                stop, self.progress.step + 1, losses, self.metrics.payload()
+            )
+        except NonFiniteLoss as error:
+            self.metrics.agreed(error.rows)  # the curves up to the bad step, to look at
+            raise
 
     def after_agreement(self, verdict: Verdict, stop: StopRequest) -> None:
-        step = self.progress.step
-        log_now = (
-            step % self.settings.log_every_n_steps == 0
-            or self.steps_left() == 0
-            or step >= self.parts.total_steps
-        )
-        lr = self.scheduler.get_last_lr()[0]
-        self.metrics.agreed(verdict.rows, step, self.position.epoch, lr, log=log_now)
+        self.metrics.agreed(verdict.rows)  # writes the windows ended since the last agreement
         self.progress.bad_samples += self.metrics.take_bad()
         if verdict.stop:  # agreed; a signal arriving later waits for the next agreement
             self.interrupt(stop)
         every_ckpt = self.parts.checkpoint_every
-        if every_ckpt and step % every_ckpt == 0:
+        if every_ckpt and self.progress.step % every_ckpt == 0:
             self.save_checkpoint()
 
     def interrupt(self, stop: StopRequest) -> None:
@@ -224,4 +236,5 @@ class Trainer:
         start = self.parts.checkpoints.resume(self.parts.checkpoint.resume, self.state_parts())
         if start is not None:
             self.parts.metrics.start_at(start.step)
+            self.agreement.start_at(start.step)
         return start

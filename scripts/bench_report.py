@@ -391,11 +391,12 @@ def _overhead(results: dict[str, Any]) -> str:
 
 PER_STEP_CALLS = {
     "each_step_us": "`MetricsLogger.record` (every step; no device op)",
-    "agree_us": "`MetricsLogger.read_back` + `Agreement.agree` (per window of 10 steps: "
-    "one read-back, the one `all_gather`)",
-    "agreed_us": "`MetricsLogger.agreed(..., log=True)` (per window: TensorBoard, a log line)",
+    "agree_us": "`MetricsLogger.read_back` + `Agreement.agree` (one agreement for a window of "
+    "10 steps: one read-back, the one `all_gather`)",
+    "agreed_us": "`MetricsLogger.agreed` (that window written: TensorBoard scalars, a log line)",
     **{
-        f"per_step_us_every_{n}": f"all of the above, per step, at log_every_n_steps={n}"
+        f"per_step_us_every_{n}": f"all of the above with `end_window`, per step, at "
+        f"log_every_n_steps={n}, agreements at the loop's cadence"
         for n in (1, 10, 50)
     },
     "fetch_dpt_us": "dpt's batch fetch, MLP batch of 64 (`InMemoryDataset.__getitems__`)",
@@ -470,10 +471,12 @@ def _findings(results: dict[str, Any]) -> str:
             f"({costs['each_step_us'].median:.1f} us for `MetricsLogger.record`); the plain "
             "loop adds the loss into a device tensor (`window_loss += loss.detach()`, a couple "
             "of us): a wash;\n"
-            f"- every window, dpt spends {per_window:.0f} us: "
+            f"- for a window with its own agreement, dpt spends {per_window:.0f} us: "
             f"{costs['agree_us'].median:.0f} us to read the window's losses back (one stack, "
             "one `.tolist()`; the non-finite check is done on those floats) and agree, and "
-            f"{costs['agreed_us'].median:.0f} us in `MetricsLogger.agreed`: one TensorBoard "
+            f"{costs['agreed_us'].median:.0f} us in `MetricsLogger.agreed`. Windows shorter "
+            "than `dpt.agreement.SPACING_S` (50 ms of training) share one agreement, so the "
+            "first part is paid once per 50 ms at most. A written window is one TensorBoard "
             "event for the rank's tags and one for the world's (held, then framed and written "
             "in bulk about once a second by dpt/event_file.py with a compiled CRC-32C: ~9 us an "
             "event in a tight loop; TensorBoard's own writer took 50-85 us, in a thread that "

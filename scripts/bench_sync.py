@@ -13,10 +13,11 @@ Also timed, as step-time ratios against dpt's default DDP: one bucket (no overla
 `static_graph=True`, `comm_hook=bf16`, and DDP with PyTorch's own defaults (the plain loop's).
 
 The per-step costs are dpt's own calls around the training, timed in place as the loop makes them:
-every step `Agreement.note` and `MetricsLogger.record` (no device op, no wait); once per logging
-window `Agreement.agree` with `MetricsLogger.payload()` (one read-back from the device and the one
-`all_gather`) and `MetricsLogger.agreed` (TensorBoard writes, a log line); and whole windows of 1,
-10 and 50 steps, per step.
+every step `MetricsLogger.record` (no device op, no wait); for one agreement per logging window
+`Agreement.agree` with `MetricsLogger.payload()` (one read-back from the device and the one
+`all_gather`) and `MetricsLogger.agreed` (TensorBoard scalars, a log line); and whole windows of
+1, 10 and 50 steps, per step, at the loop's own cadence (agreements spaced by
+`dpt.agreement.SPACING_S`: with these instant steps, one per `MAX_WINDOWS` windows).
 """
 
 from __future__ import annotations
@@ -257,28 +258,36 @@ PIECE_WINDOW = 10  # steps per window where the per-window calls are timed one b
 class LoopCalls:
     """The calls `Trainer.train_step` makes besides the training, on one rank's agreement and
     metrics, with the arguments the loop passes (a loss left as the device made it, no gradient
-    norm: trainer.grad_clip_norm=null)."""
+    norm: trainer.grad_clip_norm=null). `spacing_s`: the agreements' least spacing (None: the
+    loop's, `dpt.agreement.SPACING_S`; 0: one agreement per window)."""
 
-    def __init__(self, env: DistEnv, run_dir: Path, every: int) -> None:
+    def __init__(self, env: DistEnv, run_dir: Path, every: int, spacing_s: float | None) -> None:
+        self.every = every
         self.metrics = MetricsLogger(run_dir, env, every, total_steps=10**9)
-        self.agreement = Agreement(env, last_step=10**9, on_nonfinite="error")
+        self.agreement = Agreement(env, 10**9, "error", log_every=every, spacing_s=spacing_s)
         self.stop, self.loss, self.step = StopRequest(), torch.tensor(0.5), 0
 
     def each_step(self) -> None:
         self.step += 1
         self.metrics.record(self.loss, 64, 0, 1e-4, 1e-3, None)
 
+    def end_window(self) -> None:
+        self.metrics.end_window(self.step, 0)
+        self.metrics.set_lr(1e-3)
+
     def agree(self) -> list[list[float]]:
         losses = self.metrics.read_back()
         return self.agreement.agree(self.stop, self.step, losses, self.metrics.payload()).rows
 
     def agreed(self, rows: list[list[float]]) -> None:
-        self.metrics.agreed(rows, self.step, 0, 1e-3, log=True)
+        self.metrics.agreed(rows)
 
     def window(self, steps: int) -> None:
         for _ in range(steps):
             self.each_step()
-        self.agreed(self.agree())
+        self.end_window()
+        if self.agreement.due(self.step):
+            self.agreed(self.agree())
 
 
 def per_step_costs(env: DistEnv, tmp: Path, calls: int) -> dict[str, Any]:
@@ -289,15 +298,17 @@ def per_step_costs(env: DistEnv, tmp: Path, calls: int) -> dict[str, Any]:
     us = lambda seconds: Stat.of([t * 1e6 for t in seconds])  # noqa: E731
     costs: dict[str, Any] = {}
     with contextlib.redirect_stdout(io.StringIO()):  # before the loggers: no progress bar
-        loop = LoopCalls(env, tmp / "pieces", PIECE_WINDOW)
+        loop = LoopCalls(env, tmp / "pieces", PIECE_WINDOW, spacing_s=0.0)
         agree, agreed = [], []
         try:
             loop.window(PIECE_WINDOW)  # the first window makes the TensorBoard writers
             costs["each_step_us"] = us(time_calls(loop.each_step, calls))
+            loop.end_window()
             loop.agreed(loop.agree())
             for _ in range(max(5, calls // PIECE_WINDOW)):
                 for _ in range(PIECE_WINDOW):
                     loop.each_step()
+                loop.end_window()
                 start = time.perf_counter()
                 rows = loop.agree()
                 middle = time.perf_counter()
@@ -308,7 +319,7 @@ def per_step_costs(env: DistEnv, tmp: Path, calls: int) -> dict[str, Any]:
             loop.metrics.close()
         costs["agree_us"], costs["agreed_us"] = us(agree), us(agreed)
         for every in WINDOWS:
-            loop = LoopCalls(env, tmp / f"every{every}", every)
+            loop = LoopCalls(env, tmp / f"every{every}", every, spacing_s=None)
             try:
                 loop.window(every)
                 window = functools.partial(loop.window, every)

@@ -16,12 +16,14 @@ import torch.multiprocessing as mp
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from dpt.agreement import Agreement, NonFiniteLoss
+from dpt import agreement
+from dpt.agreement import MAX_WINDOWS, SPACING_S, Agreement, NonFiniteLoss
 from dpt.config import EarlyStoppingConfig, TrainerConfig
 from dpt.distributed import DistEnv
 from dpt.early_stopping import EarlyStopping
 from dpt.interrupt import StopRequest
-from dpt.metrics import FIELDS, MetricsLogger, StragglerWatch
+from dpt.logs import HeldLines, setup_logging
+from dpt.metrics import SINCE, WINDOW, MetricsLogger, StragglerWatch
 from dpt.parts import RunConfig
 from tests.helpers import FAST, build_trainer, compose, free_port, joined_world, train
 
@@ -56,6 +58,32 @@ def test_agreement_stops_on_a_signal() -> None:
     assert verdict.stop and verdict.apply_update
 
 
+def test_agreements_are_spaced_by_the_slowest_ranks_time() -> None:
+    """Log steps are due at least SPACING_S of training apart, planned from the seconds per
+    step every rank sees in the collective (here 1 ms per step: 50 windows of 1 step)."""
+    agreement = Agreement(CPU1, last_step=10**6, on_nonfinite="error", log_every=1)
+    assert agreement.spacing_s == SPACING_S == 0.05
+    assert agreement.due(1)  # the first log step
+    agreement._plan(10, slowest_s=0.010)
+    assert agreement.next_step == 60 and not agreement.due(59) and agreement.due(60)
+    slow = Agreement(CPU1, last_step=10**6, on_nonfinite="error", log_every=10)
+    slow._plan(10, slowest_s=1.0)  # windows of 1 s: every log step
+    assert slow.next_step == 20 and not slow.due(15) and slow.due(20)
+    slow._plan(23, slowest_s=0.0)  # a checkpoint step; instant steps: the most windows
+    assert slow.next_step == 20 + MAX_WINDOWS * 10
+    assert Agreement(CPU1, 10, "skip", log_every=10).due(3)  # skip: every step
+    resumed = Agreement(CPU1, 10**6, "error", log_every=5)
+    resumed.start_at(42)
+    assert not resumed.due(44) and resumed.due(45)
+
+
+def test_a_real_agreement_plans_the_next_from_its_own_collective() -> None:
+    agreement = Agreement(CPU1, last_step=10**6, on_nonfinite="error", log_every=1)
+    time.sleep(0.001)
+    agreement.agree(StopRequest(), 1, [0.5], [])  # 1 step in >= 1 ms: at most 50 windows
+    assert 2 <= agreement.next_step <= 51
+
+
 # --- early stopping -------------------------------------------------------------------------
 
 
@@ -81,25 +109,88 @@ def test_early_stopping_off_and_unknown_metric() -> None:
 # --- metrics window -------------------------------------------------------------------------
 
 
+def _window(payload: list[float], index: int = 0) -> dict[str, float]:
+    """The `index`-th ended window of a payload, by name."""
+    at = len(SINCE) + index * len(WINDOW)
+    return dict(zip(WINDOW, payload[at : at + len(WINDOW)], strict=True))
+
+
+def _tb(folder: Path, tag: str) -> list[tuple[int, float]]:
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
 def test_metrics_read_back_once_and_write_once_per_window(tmp_path: Path) -> None:
     metrics = MetricsLogger(tmp_path, CPU1, log_every_n_steps=2, total_steps=4)
     for loss in (1.0, 3.0):
         metrics.record(torch.tensor(loss), samples=8, bad=1, data_s=0.1, work_s=0.2,
                        grad_norm=torch.tensor(2.0))  # fmt: skip
+    metrics.end_window(step=2, epoch=0)
+    metrics.set_lr(0.1)
     assert metrics.read_back() == [1.0, 3.0]  # every step's loss, in order
     assert metrics.read_back() == []  # nothing new since
-    payload = dict(zip(FIELDS, metrics.payload(), strict=True))
-    assert payload["loss"] == 4.0 and payload["grad_norm"] == 4.0 and payload["steps"] == 2
-    assert payload["samples_since"] == 16 and payload["bad_since"] == 2
-    metrics.agreed([metrics.payload()], step=2, epoch=0, lr=0.1, log=True)
+    payload = metrics.payload()
+    assert dict(zip(SINCE, payload, strict=False)) == {"samples_since": 16, "bad_since": 2}
+    window = _window(payload)
+    assert window["loss"] == 4.0 and window["grad_norm"] == 4.0 and window["steps"] == 2
+    assert len(payload) == len(SINCE) + len(WINDOW)  # one window ended
+    metrics.agreed([payload])
     assert metrics.last_world_loss == 2.0
     assert metrics.world_samples == 16 and metrics.take_bad() == 2 and metrics.take_bad() == 0
-    assert metrics.payload()[FIELDS.index("steps")] == 0  # a new window
+    assert metrics.payload() == [0, 0]  # written: no window left to send
     metrics.close()
-    acc = EventAccumulator(str(tmp_path / "tb" / "rank0"))
-    acc.Reload()
-    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(2, 2.0)]
-    assert [e.value for e in acc.Scalars("optim/grad_norm")] == [2.0]
+    assert _tb(tmp_path / "tb" / "rank0", "train/loss") == [(2, 2.0)]
+    assert _tb(tmp_path / "tb" / "rank0", "optim/grad_norm") == [(2, 2.0)]
+    assert _tb(tmp_path / "tb" / "rank0", "optim/lr") == [(2, pytest.approx(0.1))]
+
+
+def test_one_agreement_writes_every_window_it_carries(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Short windows ride on one agreement: each is still written with its own step, loss and
+    line, the lines in order and in one record (one write per handler)."""
+    metrics = MetricsLogger(tmp_path, CPU1, log_every_n_steps=1, total_steps=4)
+    for step, losses in ((1, [1.0]), (3, [3.0, 5.0])):  # windows of 1 and 2 steps
+        for loss in losses:
+            metrics.record(torch.tensor(loss), 8, 0, 0.0, 0.0, None)
+        metrics.end_window(step, epoch=0)
+        metrics.set_lr(0.1 * step)
+    assert metrics.read_back() == [1.0, 3.0, 5.0]  # one read-back for both windows
+    payload = metrics.payload()
+    assert [_window(payload, i)["loss"] for i in (0, 1)] == [1.0, 8.0]
+    with caplog.at_level(logging.INFO, logger="dpt"):
+        metrics.agreed([payload])
+    metrics.close()
+    assert _tb(tmp_path / "tb" / "rank0", "train/loss") == [(1, 1.0), (3, 4.0)]
+    assert _tb(tmp_path / "tb" / "rank0", "optim/lr") == [
+        (1, pytest.approx(0.1)),
+        (3, pytest.approx(0.3)),
+    ]
+    assert metrics.last_world_loss == 4.0  # the last window's
+    [record] = [r for r in caplog.records if "| step " in r.getMessage()]
+    lines = record.getMessage().splitlines()
+    assert [line.split(" | ")[1] for line in lines] == ["step 1/4", "step 3/4"]
+
+
+def test_held_lines_keep_their_order_and_every_line_its_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logger = setup_logging("rank 3", tmp_path / "rank3.log")
+    try:
+        lines = HeldLines(logger)
+        lines.add("step 1")
+        lines.add("step 2")
+        logger.warning("a warning made after them")  # releases them first
+        lines.add("step 3")
+        lines.close()
+    finally:
+        setup_logging("rank 0")  # the file handler closed
+    expected = ["step 1", "step 2", "a warning made after them", "step 3"]
+    assert capsys.readouterr().out.splitlines() == [f"[rank 3] {line}" for line in expected]
+    in_file = (tmp_path / "rank3.log").read_text().splitlines()
+    assert [line.split(" [rank 3] ")[1] for line in in_file] == expected
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \[rank 3\] ", x) for x in in_file)
 
 
 def test_held_scalars_reach_tensorboard_on_flush_stamped_when_made(tmp_path: Path) -> None:
@@ -109,11 +200,13 @@ def test_held_scalars_reach_tensorboard_on_flush_stamped_when_made(tmp_path: Pat
     stamps = []
     for step in (1, 2):
         metrics.record(torch.tensor(float(step)), 8, 0, 0.0, 0.0, None)
-        metrics.read_back()
         before = time.time()
-        metrics.agreed([metrics.payload()], step=step, epoch=0, lr=0.1, log=True)
+        metrics.end_window(step, epoch=0)
         stamps.append((before, time.time()))
+        metrics.set_lr(0.1)
         time.sleep(0.2)
+    metrics.read_back()
+    metrics.agreed([metrics.payload()])  # both windows, after both ended
     handed_over = time.time()
     metrics.flush()
     metrics.close()
@@ -130,11 +223,12 @@ def test_a_window_not_logged_keeps_accumulating(tmp_path: Path) -> None:
     metrics = MetricsLogger(tmp_path, CPU1, log_every_n_steps=10, total_steps=20)
     metrics.record(torch.tensor(1.0), 8, 0, 0.0, 0.0, None)
     assert metrics.read_back() == [1.0]
-    metrics.agreed([metrics.payload()], step=1, epoch=0, lr=0.1, log=False)
+    metrics.agreed([metrics.payload()])
     metrics.record(torch.tensor(3.0, dtype=torch.bfloat16), 8, 0, 0.0, 0.0, None)
     assert metrics.read_back() == [3.0]  # only the new step's; a bf16 loss too
     assert metrics.world_samples == 8
-    window = dict(zip(FIELDS, metrics.payload(), strict=True))
+    metrics.end_window(step=2, epoch=0)
+    window = _window(metrics.payload())
     assert window["steps"] == 2 and window["loss"] == 4.0
     metrics.close()
 
@@ -180,14 +274,18 @@ COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "barrier", "all_gather_o
                "all_gather_into_tensor", "reduce_scatter_tensor")  # fmt: skip
 
 
-def _count_collectives(rank: int, world: int, port: int, steps: int, out: Path) -> None:
+def _count_collectives(
+    rank: int, world: int, port: int, steps: int, log_every: int, spacing_s: float, out: Path
+) -> None:
     """Runs `steps` optimizer steps of a 2-rank ddp MLP; records, per step, the gradient
-    all-reduces (a DDP comm hook) and every other collective (torch.distributed's functions)."""
+    all-reduces (a DDP comm hook) and every other collective (torch.distributed's functions).
+    `spacing_s`: the agreements' least spacing (dpt.agreement.SPACING_S) in this rank."""
+    agreement.SPACING_S = spacing_s
     with joined_world(rank, world, port) as env:
         trainer = build_trainer(
             out, env, "strategy=ddp", "dataset.num_samples=2048", "dataset.num_val_samples=0",
-            "trainer.batch_size=16", f"trainer.max_steps={steps}", "trainer.log_every_n_steps=10",
-            "checkpoint.enabled=false",
+            "trainer.batch_size=16", f"trainer.max_steps={steps}",
+            f"trainer.log_every_n_steps={log_every}", "checkpoint.enabled=false",
         )  # fmt: skip
         step, grads, others = [0], [0] * (steps + 1), [0] * (steps + 1)
         in_hook = [False]  # the hook's all-reduce is a gradient one, not an "other"
@@ -226,16 +324,31 @@ def _count_collectives(rank: int, world: int, port: int, steps: int, out: Path) 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+    ("log_every", "spacing_s", "agreed_at"),
+    [
+        # Windows of 10 steps, agreements not spaced: one per window, ending at 10, 20 and 25
+        # (the run's last step).
+        (10, 0.0, (10, 20, 25)),
+        # Windows of 1 step far shorter than the spacing: the first log step, then the most
+        # windows one agreement carries (MAX_WINDOWS), cut short by the run's last step.
+        (1, 10.0, (1, 25)),
+    ],
+)
 def test_one_gradient_all_reduce_per_step_and_one_collective_per_logging_window(
-    tmp_path: Path,
+    tmp_path: Path, log_every: int, spacing_s: float, agreed_at: tuple[int, ...]
 ) -> None:
-    steps = 25  # windows end at steps 10, 20 and 25 (the run's last step)
-    mp.spawn(_count_collectives, args=(2, free_port(), steps, tmp_path), nprocs=2, join=True)
+    steps = 25
+    args = (2, free_port(), steps, log_every, spacing_s, tmp_path)
+    mp.spawn(_count_collectives, args=args, nprocs=2, join=True)
     for rank in (0, 1):
         counts = json.loads((tmp_path / f"counts-rank{rank}.json").read_text())
         assert counts["grads"][1:] == [1] * steps  # one bucket: one all-reduce per step
-        expected = [1 if s in (10, 20, 25) else 0 for s in range(1, steps + 1)]
+        expected = [1 if s in agreed_at else 0 for s in range(1, steps + 1)]
         assert counts["others"][1:] == expected, counts["others"]
+    # Every window was written, each at its own step, from the agreements' rows.
+    logged = [step for step, _ in _tb(tmp_path / "tb" / "world", "train/loss")]
+    assert logged == [*range(log_every, steps, log_every), steps]
 
 
 # --- stragglers, across real ranks ----------------------------------------------------------
