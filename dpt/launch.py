@@ -148,9 +148,12 @@ def follow_torchrun_world(cfg: DictConfig) -> None:
 
 def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """`dpt.worker.run_worker`, imported (with torch) only when this process runs a rank."""
-    from dpt.worker import run_worker as run
+    from dpt import collector
 
-    return run(cfg_dict, run_dir)
+    with collector.off_during_startup():
+        from dpt.worker import run_worker as run
+
+        return run(cfg_dict, run_dir)
 
 
 @contextlib.contextmanager

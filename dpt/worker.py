@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -15,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-from dpt import checkpoint, dashboard, resume_apply
+from dpt import checkpoint, collector, dashboard, resume_apply
 from dpt.distributed import (
     DistEnv,
     broadcast_object,
@@ -133,10 +132,7 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     parts.metrics.start_session(hparams)
     ended: bool | None = False  # the session's end as HPARAMS shows it; None: not over yet
     try:
-        # What start-up made (torch, Hydra, the parts) lives as long as the run: the collector
-        # leaves it alone from here, so a full collection takes a millisecond instead of a
-        # pause of ~0.1 s (one that each rank would take at a different step).
-        gc.freeze()
+        collector.freeze_for_training()  # start-up's objects left out of collections
         result = trainer.fit()
         summary = _summary(result, env, parts.global_batch, hparams)
         weights = full_state_dict(parts.model)  # all ranks: fsdp gathers the shards to rank 0
