@@ -1,8 +1,9 @@
 """The training loop: forward, loss, backward, clip, step, schedule. Everything else is a call out.
 
 The trainer gets its parts built (`dpt.parts`) and only orders them. Between agreements
-(`dpt.agreement`: log steps, checkpoint steps, an epoch's and the run's last step) nothing waits
-for the device or another rank, except the gradient all-reduce inside `backward` under ddp.
+(`dpt.agreement`: log steps at least 50 ms apart, checkpoint steps, an epoch's and the run's
+last step) nothing waits for the device or another rank, except the gradient all-reduce inside
+`backward` under ddp.
 """
 
 from __future__ import annotations

@@ -81,24 +81,25 @@ LOG_EVERY = (10, 50)  # the logging cadences of the throughput targets, both loo
 
 def workloads(quick: bool, device: str) -> list[Workload]:
     """The throughput workloads, each at every cadence of LOG_EVERY. The MLP times 10 windows
-    of 50 steps (~1 ms each); on 2 CPU cores ResNet-18 (32 px images, batch 8, ~50 ms a step
-    on an idle machine) times 2 windows of 10 steps and 1 window of 50 steps, after a first
-    window of warmup. The data sets hold 200 (MLP) and 100 (ResNet-18) batches, so that epochs
-    end on logging steps in one process and in two: dpt also logs at an epoch's end, and a
-    window cut there would hold two of its logs and other steps than the plain loop's."""
+    of 50 steps (~1 ms each); on 2 CPU cores ResNet-18 (32 px images, batch 8, ~0.1 s a step
+    on an idle machine) times 8 windows of 10 steps and 3 windows of 50 steps, after a first
+    window of warmup (with 2 windows, one step's hiccup moved the median by percents). The
+    data sets hold 200 (MLP) and 100 (ResNet-18) batches, so that epochs end on logging steps
+    in one process and in two: dpt also logs at an epoch's end, and a window cut there would
+    hold two of its logs and other steps than the plain loop's."""
     mlp = Workload(
         "mlp", batch_size=64, warmup_steps=50, steps=550, device=device, num_samples=64 * 200
     )
     if quick:  # a smoke run of every code path: one cadence is enough
         return [replace(mlp, warmup_steps=50, steps=150, log_every=LOG_EVERY[0])]
     resnet = Workload(
-        "resnet18", 8, warmup_steps=10, steps=30, image_size=32, device=device,
+        "resnet18", 8, warmup_steps=10, steps=90, image_size=32, device=device,
         num_samples=8 * 100,
     )  # fmt: skip
     return [
         *(replace(mlp, log_every=every) for every in LOG_EVERY),
         resnet,
-        replace(resnet, log_every=50, warmup_steps=50, steps=100),
+        replace(resnet, log_every=50, warmup_steps=50, steps=200),
     ]
 
 

@@ -36,8 +36,11 @@ CPU1 = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=to
 def test_agreement_names_the_first_non_finite_step_and_raises() -> None:
     agreement = Agreement(CPU1, last_step=100, on_nonfinite="error")
     losses = [1.0, float("nan"), float("inf")]  # steps 1, 2, 3: not the first, 2 is named
-    with pytest.raises(NonFiniteLoss, match=r"^non-finite loss \(nan\) at step 2 on rank 0; "):
-        agreement.agree(StopRequest(), 3, losses, [])
+    with pytest.raises(
+        NonFiniteLoss, match=r"^non-finite loss \(nan\) at step 2 on rank 0; "
+    ) as raised:
+        agreement.agree(StopRequest(), 3, losses, [4.0, 5.0])
+    assert raised.value.rows == [[4.0, 5.0]]  # the windows it carried can still be written
 
 
 def test_agreement_skips_the_update_and_starts_over(caplog: pytest.LogCaptureFixture) -> None:
