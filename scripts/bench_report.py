@@ -396,7 +396,8 @@ PER_STEP_CALLS = {
     "agreed_us": "`MetricsLogger.agreed` (that window written: TensorBoard scalars, a log line)",
     **{
         f"per_step_us_every_{n}": f"all of the above with `end_window`, per step, at "
-        f"log_every_n_steps={n}, agreements at the loop's cadence"
+        f"log_every_n_steps={n}, agreements at the loop's cadence (blocks of 100 windows, "
+        "one agreement each)"
         for n in (1, 10, 50)
     },
     "fetch_dpt_us": "dpt's batch fetch, MLP batch of 64 (`InMemoryDataset.__getitems__`)",
