@@ -103,13 +103,11 @@ class MetricsLogger:
         self,
         run_dir: Path,
         env: DistEnv,
-        log_every_n_steps: int,
         total_steps: int,
         memory: Callable[[], dict[str, float]] | None = None,  # per-rank sizes (dpt.memory)
     ) -> None:
         self.env, self.tb = env, dashboard.place(run_dir)
         self.memory = memory
-        self.log_every = log_every_n_steps
         self.total_steps = total_steps
         self.purge_step: int | None = None
         self._writers: dict[str, Any] = {}  # made at the first write: tensorboard imports slowly
@@ -258,14 +256,14 @@ class MetricsLogger:
         if self.memory is not None:
             rank_scalars |= self.memory()
         rank_scalars |= window.extra
-        self._write(f"rank{self.env.rank}", rank_scalars, window)
+        self._hold(f"rank{self.env.rank}", rank_scalars, window.step, window.wall_time)
         self.last_world_loss = sum(r["loss"] for r in world) / sum(r["steps"] for r in world)
         world_samples_s = sum(r["samples"] for r in world) / max(r["elapsed"] for r in world)
         stragglers = self.stragglers.update([r["work_s"] / r["steps"] for r in world])
         if self.env.is_main:
             world_scalars = {"train/loss": self.last_world_loss,
                              "train/samples_per_s": world_samples_s, **stragglers}  # fmt: skip
-            self._write(WORLD, world_scalars, window)
+            self._hold(WORLD, world_scalars, window.step, window.wall_time)
         self.lines.add(
             f"epoch {window.epoch + 1} | step {window.step}/{self.total_steps} | "
             f"loss {loss:.4f} | {mine['samples'] / elapsed:,.0f} samples/s"
@@ -322,9 +320,6 @@ class MetricsLogger:
         # Into the folder's one open event file: TensorBoard reads a folder's event files one
         # after the other and does not go back to an earlier one that still grows.
         self._writer(name).write([summary_event(summary) for summary in summaries])
-
-    def _write(self, name: str, scalars: dict[str, float], window: Window) -> None:
-        self._hold(name, scalars, window.step, window.wall_time)
 
     def _hold(self, name: str, scalars: dict[str, float], step: int, wall_time: float) -> None:
         """Hold scalars; their event is made at the hand-over (`flush`)."""

@@ -80,10 +80,10 @@ class Trainer:
         )
         samples, bad = sum(len(b[1]) for b in micro_batches), sum(b[2] for b in micro_batches)
         self.metrics.record(loss, samples, bad, data_s, work_s, grad_norm)
-        ends_epoch, ends_window = self.ends_epoch_or_window()
+        ends_epoch_or_run, ends_window = self.ends_here()
         if ends_window:  # on the host: its sums wait for the next agreement
             self.metrics.end_window(self.progress.step + 1, self.position.epoch)
-        verdict = self.agree(stop) if self.agrees_now(ends_epoch) else None  # waits: seldom
+        verdict = self.agree(stop) if self.agrees_now(ends_epoch_or_run) else None  # waits: seldom
         if verdict is None or verdict.apply_update:
             self.precision.step(self.optimizer)  # 16-mixed: the scaler waits for its inf check
         self.optimizer.zero_grad(set_to_none=True)
@@ -121,15 +121,14 @@ class Trainer:
 
     # --- agreement: the one collective per window (or per several short ones) ------------------
 
-    def ends_epoch_or_window(self) -> tuple[bool, bool]:
-        """Whether this step ends its epoch, and whether it ends a logging window: every
-        trainer.log_every_n_steps steps, and at the epoch's and the run's last step."""
+    def ends_here(self) -> tuple[bool, bool]:
+        """Whether this step ends its epoch or the run, and whether it ends a logging window:
+        every trainer.log_every_n_steps steps, and at the epoch's and the run's last step."""
         step = self.progress.step + 1
-        ends_epoch = self.steps_left() == 1
-        ends_run = step >= self.parts.total_steps
-        return ends_epoch, ends_epoch or ends_run or step % self.settings.log_every_n_steps == 0
+        ends_epoch_or_run = self.steps_left() == 1 or step >= self.parts.total_steps
+        return ends_epoch_or_run, ends_epoch_or_run or step % self.settings.log_every_n_steps == 0
 
-    def agrees_now(self, ends_epoch: bool) -> bool:
+    def agrees_now(self, ends_epoch_or_run: bool) -> bool:
         """Ranks agree before anything is saved and before the loop can end: at checkpoint
         steps and the epoch's and run's last step; else when the agreement's cadence calls for
         it (log steps, spaced; every step under on_nonfinite=skip, whose update waits for the
@@ -139,8 +138,7 @@ class Trainer:
         return (
             self.agreement.due(step)
             or bool(every_ckpt and step % every_ckpt == 0)
-            or ends_epoch
-            or step >= self.parts.total_steps
+            or ends_epoch_or_run
         )
 
     def agree(self, stop: StopRequest) -> Verdict:

@@ -264,7 +264,7 @@ class LoopCalls:
 
     def __init__(self, env: DistEnv, run_dir: Path, every: int, spacing_s: float | None) -> None:
         self.every = every
-        self.metrics = MetricsLogger(run_dir, env, every, total_steps=10**9)
+        self.metrics = MetricsLogger(run_dir, env, total_steps=10**9)
         self.agreement = Agreement(env, 10**9, "error", log_every=every, spacing_s=spacing_s)
         self.stop, self.loss, self.step = StopRequest(), torch.tensor(0.5), 0
 

@@ -125,7 +125,7 @@ def _tb(folder: Path, tag: str) -> list[tuple[int, float]]:
 
 
 def test_metrics_read_back_once_and_write_once_per_window(tmp_path: Path) -> None:
-    metrics = MetricsLogger(tmp_path, CPU1, log_every_n_steps=2, total_steps=4)
+    metrics = MetricsLogger(tmp_path, CPU1, total_steps=4)
     for loss in (1.0, 3.0):
         metrics.record(torch.tensor(loss), samples=8, bad=1, data_s=0.1, work_s=0.2,
                        grad_norm=torch.tensor(2.0))  # fmt: skip
@@ -153,7 +153,7 @@ def test_one_agreement_writes_every_window_it_carries(
 ) -> None:
     """Short windows ride on one agreement: each is still written with its own step, loss and
     line, the lines in order and in one record (one write per handler)."""
-    metrics = MetricsLogger(tmp_path, CPU1, log_every_n_steps=1, total_steps=4)
+    metrics = MetricsLogger(tmp_path, CPU1, total_steps=4)
     for step, losses in ((1, [1.0]), (3, [3.0, 5.0])):  # windows of 1 and 2 steps
         for loss in losses:
             metrics.record(torch.tensor(loss), 8, 0, 0.0, 0.0, None)
@@ -199,7 +199,7 @@ def test_held_lines_keep_their_order_and_every_line_its_rank(
 def test_held_scalars_reach_tensorboard_on_flush_stamped_when_made(tmp_path: Path) -> None:
     """Scalars wait up to a second for TensorBoard's writer (and are handed over before every
     checkpoint): on disk they carry the time their window ended, not the hand-over's."""
-    metrics = MetricsLogger(tmp_path, CPU1, log_every_n_steps=1, total_steps=4)
+    metrics = MetricsLogger(tmp_path, CPU1, total_steps=4)
     stamps = []
     for step in (1, 2):
         metrics.record(torch.tensor(float(step)), 8, 0, 0.0, 0.0, None)
@@ -223,7 +223,7 @@ def test_held_scalars_reach_tensorboard_on_flush_stamped_when_made(tmp_path: Pat
 
 def test_a_window_not_logged_keeps_accumulating(tmp_path: Path) -> None:
     """A checkpoint-only agreement counts samples but leaves the logging window open."""
-    metrics = MetricsLogger(tmp_path, CPU1, log_every_n_steps=10, total_steps=20)
+    metrics = MetricsLogger(tmp_path, CPU1, total_steps=20)
     metrics.record(torch.tensor(1.0), 8, 0, 0.0, 0.0, None)
     assert metrics.read_back() == [1.0]
     metrics.agreed([metrics.payload()])
