@@ -16,20 +16,13 @@ import pytest
 from dpt import fork_server
 from tests.helpers import REPO
 
-# In a fresh interpreter: start the server, then one process from it, as the elastic agent starts
-# a rank; report what the rank found and what the launcher had imported meanwhile.
-PROBE = """
+# In a fresh interpreter: start the server (or keep it, if the environment is the same), then
+# one process from it, as the elastic agent starts a rank. Returns what the rank put on its
+# queue, its exit code, and whether this process had imported torch when the server had started.
+LAUNCH_ONE = """
 import json, multiprocessing, os, sys
 
-def rank(queue):
-    queue.put({
-        "preloaded": [m for m in ("torch", "torch._dynamo", "dpt.worker") if m in sys.modules],
-        "gloo": os.environ.get("GLOO_SOCKET_IFNAME"),
-        "parent": os.getppid(),
-    })
-
-if __name__ == "__main__":
-    import dpt.launch
+def launch_one(rank):
     from dpt import fork_server
     fork_server.start()
     launcher_torch = "torch" in sys.modules
@@ -39,10 +32,28 @@ if __name__ == "__main__":
     process.start()
     found = queue.get(timeout=60)
     process.join()
+    return found, process.exitcode, launcher_torch
+"""
+
+# What a rank found, and what the launcher had imported meanwhile.
+PROBE = (
+    LAUNCH_ONE
+    + """
+def rank(queue):
+    queue.put({
+        "preloaded": [m for m in ("torch", "torch._dynamo", "dpt.worker") if m in sys.modules],
+        "gloo": os.environ.get("GLOO_SOCKET_IFNAME"),
+        "parent": os.getppid(),
+    })
+
+if __name__ == "__main__":
+    import dpt.launch
+    found, exitcode, launcher_torch = launch_one(rank)
     found.update(launcher_torch=launcher_torch, launcher=os.getpid(),
-                 launcher_gloo=os.environ.get("GLOO_SOCKET_IFNAME"), exitcode=process.exitcode)
+                 launcher_gloo=os.environ.get("GLOO_SOCKET_IFNAME"), exitcode=exitcode)
     print(json.dumps(found))
 """
+)
 
 
 def _run_probe(tmp_path: Path, script: str, drop: Callable[[str], bool]) -> Any:
@@ -77,31 +88,26 @@ def test_a_chosen_interface_is_left_to_the_ranks(monkeypatch: pytest.MonkeyPatch
 
 
 # Two launches from one process, as two jobs of a sweep: the second sets a variable of its own.
-ENV_PROBE = """
-import json, multiprocessing, os, sys
+ENV_PROBE = (
+    LAUNCH_ONE
+    + """
 from multiprocessing import forkserver
 
 def rank(queue):
     queue.put(os.environ.get("DPT_PROBE_VARIABLE"))
 
 def launch():
-    fork_server.start()
-    context = multiprocessing.get_context(fork_server.START_METHOD)
-    queue = context.Queue()
-    process = context.Process(target=rank, args=(queue,))
-    process.start()
-    seen = queue.get(timeout=60)
-    process.join()
+    seen = launch_one(rank)[0]
     return forkserver._forkserver._forkserver_pid, seen
 
 if __name__ == "__main__":
-    from dpt import fork_server
     first = launch()
     again = launch()
     os.environ["DPT_PROBE_VARIABLE"] = "job 2"
     changed = launch()
     print(json.dumps([first, again, changed]))
 """
+)
 
 
 @pytest.mark.slow
