@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-from dpt import checkpoint, collector, dashboard, resume_apply
+from dpt import allocator, checkpoint, collector, dashboard, resume_apply
 from dpt.distributed import (
     DistEnv,
     broadcast_object,
@@ -35,6 +35,7 @@ log = logging.getLogger("dpt")
 
 def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """Entry point of every rank: in-process, elastic launch, torchrun or SLURM started it."""
+    allocator.keep_freed_memory()  # before the parts: their blocks go to the heap from the start
     env = env_from_environment(cfg_dict["trainer"]["device"])
     init_process_group(env, cfg_dict["trainer"]["timeout_s"])
     roll_call = RollCall(env)

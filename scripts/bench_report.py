@@ -14,6 +14,8 @@ import torch
 import torchvision
 from bench_common import Stat, md_table
 
+from dpt import allocator
+
 PLOTS = {
     "throughput": "perf_throughput.png",
     "pipeline": "perf_pipeline.png",
@@ -204,6 +206,7 @@ def _loops(results: dict[str, Any], plots: dict[str, str]) -> str:
          f"{r['loss_gap']:.1e}")
         for r in results["loops"]
     ]  # fmt: skip
+    heap = ", ".join(f"`{k}={v}`" for k, v in allocator.ENV.items())
     describe = "; ".join(
         f"{w.model}: batch {w.batch_size} per process, windows of {w.log_every} steps from step "
         f"{w.warmup_steps} to {w.steps}"
@@ -222,7 +225,10 @@ def _loops(results: dict[str, Any], plots: dict[str, str]) -> str:
         "one read-back of each loop (for dpt: TensorBoard writes, the world aggregation and a "
         "log line); start-up and warmup are left out. *all steps*: the ratio over the whole "
         "timed span instead, epoch boundaries included (more exposed to other processes' load). "
-        "dpt runs with `checkpoint.enabled=false dataset.num_val_samples=0`. "
+        "dpt runs with `checkpoint.enabled=false dataset.num_val_samples=0`. Both loops run "
+        "with the heap settings dpt gives its ranks (`dpt/allocator.py`), passed to both as "
+        f"glibc's variables ({heap}), so that a ratio measures the loops, not where glibc's "
+        "adaptive thresholds happened to settle in each process (the next table). "
         f"Workloads: {describe}. *loss gap*: the largest difference between the two loops of "
         "the last window's mean loss (the same arithmetic gives ~0).\n\n"
         + md_table(
@@ -231,6 +237,32 @@ def _loops(results: dict[str, Any], plots: dict[str, str]) -> str:
             rows,
         )
         + f"\n\n![throughput]({plots['throughput']})"
+        + _out_of_the_box(results)
+    )
+
+
+def _out_of_the_box(results: dict[str, Any]) -> str:
+    """Each loop as it runs with nothing set: the plain loop on glibc's defaults, dpt with the
+    heap settings it makes itself."""
+    if not results.get("out_of_the_box"):
+        return ""
+    rows = [
+        (r["model"], r["strategy"], r["world"], r["log_every"], r["plain"].fmt(),
+         r["dpt"].fmt(), _fmt_ratio(r["ratio"]))
+        for r in results["out_of_the_box"]
+    ]  # fmt: skip
+    return (
+        "\n\n**Out of the box.** The same runs with no heap variable set: the plain loop on "
+        "glibc's defaults, dpt with the thresholds it sets in every rank (`mallopt`; it leaves "
+        "them to the user who sets glibc's variables or preloads another allocator). glibc "
+        "raises its mmap threshold to each large block freed and gives the heap's top back "
+        "above twice that, so a process settles faster or slower depending on the order of its "
+        "first allocations; the spread of the plain loop's rates below is that.\n\n"
+        + md_table(
+            "model | strategy | world | log every | plain samples/s (glibc's defaults) | "
+            "dpt samples/s (its own) | dpt/plain",
+            rows,
+        )
     )
 
 

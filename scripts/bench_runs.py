@@ -26,6 +26,8 @@ from pathlib import Path
 
 from bench_common import FIRST_STEP_ENV, REPO, Stat, paired_ratios
 
+from dpt import allocator
+
 LOG_RARELY = 10**6  # `trainer.log_every_n_steps` that never triggers inside a run
 FIRST_STEP_FILE = "first_step.txt"  # where bench_train.py stamps dpt's first optimizer step
 
@@ -59,11 +61,16 @@ class Job:
     work: Workload
     # dpt only: True runs scripts/bench_train.py, which stamps the first optimizer step
     stamp_first_step: bool = False
+    # False: both loops get dpt's heap settings through glibc's variables (dpt then leaves
+    # glibc alone), so a ratio measures the loops. True: each loop as it runs out of the box,
+    # the plain loop on glibc's defaults and dpt with the settings it makes itself.
+    out_of_the_box: bool = False
 
     @property
     def label(self) -> str:
         suffix = f" x{self.world}" if self.strategy == "ddp" else ""
-        return f"{self.loop} {self.strategy}{suffix}"
+        as_is = " as-is" if self.out_of_the_box else ""
+        return f"{self.loop} {self.strategy}{suffix}{as_is}"
 
     @property
     def samples_per_step(self) -> int:
@@ -171,7 +178,10 @@ class RunResult:
 def run_job(job: Job, run_dir: Path, env: dict[str, str], timeout_s: float) -> RunResult:
     run_dir.mkdir(parents=True)
     console = run_dir / "console.txt"
-    env = {**env, FIRST_STEP_ENV: str(run_dir / FIRST_STEP_FILE)}  # read by bench_train.py only
+    env = {k: v for k, v in env.items() if k not in allocator.ENV}
+    if not job.out_of_the_box:
+        env.update(allocator.ENV)
+    env[FIRST_STEP_ENV] = str(run_dir / FIRST_STEP_FILE)  # read by bench_train.py only
     with console.open("w") as out:
         launched = time.time()
         proc = subprocess.Popen(

@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -67,7 +68,6 @@ def build_data(args: argparse.Namespace) -> Dataset:
         x = torch.randn(n + 1024, 32, generator=g)  # dpt draws its 1024 val samples here too
         y = (x @ teacher).argmax(dim=1)
         return TensorDataset(x[:n], y[:n])
-    from torchvision.datasets import FakeData
     from torchvision.transforms import v2
 
     transform = v2.Compose(
@@ -78,7 +78,31 @@ def build_data(args: argparse.Namespace) -> Dataset:
         ]
     )
     size = (3, args.image_size, args.image_size)
-    return FakeData(args.num_samples or 2048, size, 10, transform, random_offset=args.seed)
+    return FakeImages(args.num_samples or 2048, size, 10, transform, args.seed)
+
+
+class FakeImages(Dataset):
+    """The images and labels of torchvision's FakeData (and of dpt's fake_images), each drawn
+    from a generator of its own. FakeData reseeds torch's global generator for every image,
+    which on a CUDA build formats the call stack each time: its cost grows with the caller's
+    depth and would weigh more in the deeper of the two loops."""
+
+    def __init__(
+        self, n: int, size: tuple[int, ...], classes: int, transform: Callable, offset: int
+    ) -> None:
+        self.n, self.size, self.classes, self.transform, self.offset = (
+            n, size, classes, transform, offset
+        )  # fmt: skip
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        from torchvision.transforms.functional import to_pil_image
+
+        draws = torch.Generator().manual_seed(i + self.offset)
+        image = to_pil_image(torch.randn(*self.size, generator=draws))
+        return self.transform(image), int(torch.randint(0, self.classes, (1,), generator=draws))
 
 
 def build_model(args: argparse.Namespace) -> nn.Module:

@@ -13,6 +13,7 @@ import torch
 import torchvision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from dpt.data.fake_images import FakeImages
 from dpt.errors import DptError
 from dpt.models.resnet import resnet
 from scripts.make_coco_fixture import make_fixture
@@ -133,6 +134,31 @@ def test_validation_counts_each_sample_once_for_world_sizes_1_2_3(tmp_path: Path
         assert results[world]["val/samples"] == 101
         assert results[world]["val/acc1"] == pytest.approx(results[1]["val/acc1"], abs=1e-6)
         assert results[world]["val/loss"] == pytest.approx(results[1]["val/loss"], rel=1e-5)
+
+
+@pytest.mark.timeout(60)
+def test_fake_images_are_torchvisions_without_touching_the_global_generator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torchvision.datasets import FakeData
+
+    data = FakeImages(6, 2, image_size=16, num_classes=10, num_workers=0, seed=3)
+    reference = FakeData(6, (3, 16, 16), 10, data.train.transform, random_offset=3)
+    expected = [reference[i] for i in range(6)]
+    state = torch.get_rng_state()
+
+    def reseeded(seed: int) -> None:
+        raise AssertionError("torch.manual_seed called")
+
+    monkeypatch.setattr(torch, "manual_seed", reseeded)
+    for (image, label), (same_image, same_label) in zip(
+        (data.train[i] for i in range(6)), expected, strict=True
+    ):
+        assert torch.equal(image, same_image) and label == same_label
+    assert torch.equal(torch.get_rng_state(), state)
+    assert data.val is not None and not torch.equal(data.val[0][0], data.train[0][0])
+    with pytest.raises(IndexError):
+        data.train[6]
 
 
 @pytest.mark.slow
