@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--threads", type=int, default=1, help="intra-op threads per CPU process (default 1)"
     )
     p.add_argument("--world-sizes", default=None, help="ddp worlds, e.g. 2,4 (default: 2)")
+    p.add_argument(
+        "--models", default="mlp,resnet18", help="the loops section's models (default: both)"
+    )
     p.add_argument("--save", type=Path, default=None, help="also pickle the measurements here")
     p.add_argument(
         "--render", type=Path, default=None,
@@ -118,7 +121,8 @@ def loops_section(args: argparse.Namespace, tmp: Path, say: Any) -> dict[str, An
     efficiency (at the first cadence)."""
     loops, strategies, groups = [], [], []
     plans = []
-    works = workloads(args.quick, args.device)
+    models = args.models.split(",")
+    works = [w for w in workloads(args.quick, args.device) if w.model in models]
     for work in works:
         pairs = [(Job("plain", "single", 1, work), Job("dpt", "single", 1, work))]
         pairs += [(Job("plain", "ddp", n, work), Job("dpt", "ddp", n, work)) for n in args.worlds]

@@ -531,8 +531,17 @@ def _findings(results: dict[str, Any]) -> str:
     if any(m == "resnet18" for m, _, _ in rows):
         parts.append(
             "**ResNet-18.** Section 6 gives the same per-window costs as a share of its step, "
-            "which is tens of times the MLP's; its ratios' spread is the machine's (see the "
-            "ranges), not dpt's."
+            "which is tens of times the MLP's. Two costs outside the loop had kept its ratios "
+            "under 1 and spread: (1) the heap: on glibc's adaptive defaults a run settled at "
+            "0.9 to 1.4 million page faults and ran up to 9 % faster or slower than the last "
+            "one, dpt mostly at the slow end (the out-of-the-box table in section 1); with "
+            "fixed thresholds (dpt/allocator.py, given to both loops here) ~0.16 million faults, "
+            "~10 % faster, runs within ~2 %. (2) torchvision's FakeData reseeds torch's global "
+            "generator for every image, and on a torch built for CUDA that queues CUDA's "
+            "seeding with a formatted copy of the call stack, ~5 us a frame: ~0.2 ms an image "
+            "at the depth of dpt's loader (under Hydra and the launcher), half that at the "
+            "plain loop's, 1-2 % of a step at batch 8. dpt's fake_images, and the plain loop "
+            "alike, draw the same images from a generator of their own."
         )
     if "startup" in results:
         parts.append(
