@@ -90,18 +90,19 @@ class FakeImages(Dataset):
     def __init__(
         self, n: int, size: tuple[int, ...], classes: int, transform: Callable, offset: int
     ) -> None:
+        from torchvision.transforms.functional import to_pil_image
+
         self.n, self.size, self.classes, self.transform, self.offset = (
             n, size, classes, transform, offset
         )  # fmt: skip
+        self.to_pil_image = to_pil_image  # imported once, not in every fetch
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        from torchvision.transforms.functional import to_pil_image
-
         draws = torch.Generator().manual_seed(i + self.offset)
-        image = to_pil_image(torch.randn(*self.size, generator=draws))
+        image = self.to_pil_image(torch.randn(*self.size, generator=draws))
         return self.transform(image), int(torch.randint(0, self.classes, (1,), generator=draws))
 
 
