@@ -251,9 +251,9 @@ def check(path: Path, parts: dict[str, Any]) -> int:
         raise CheckpointError(
             f"checkpoint {path} was never committed (no {MARKER} marker): cut off while written"
         )
-    keys = stored_keys(path)
-    present = {key.split(".", 1)[0] for key in keys}
+    present = _part_names(stored_keys(path))
     missing = [name for name in parts if name not in present]
+    missing = [name for name in missing if not getattr(parts[name], "optional", False)]
     if missing:
         raise CheckpointError(
             f"checkpoint {path} lacks {', '.join(missing)}: not written by this dpt version"
@@ -261,11 +261,17 @@ def check(path: Path, parts: dict[str, Any]) -> int:
     return step
 
 
+def _part_names(keys: set[str]) -> set[str]:
+    return {key.split(".", 1)[0] for key in keys}
+
+
 def load(path: Path, parts: dict[str, Any]) -> int:
     """Load every part (all ranks together); returns the step. The parts' own `load_state_dict`
     runs here rather than inside DCP, so an error names the part."""
     step = check(path, parts)
     keys = stored_keys(path)
+    present = _part_names(keys)
+    parts = {name: part for name, part in parts.items() if name in present}  # optional: fresh
     for name, part in parts.items():  # a part that adapts to what is stored (RNGState)
         if hasattr(part, "expect"):
             part.expect({k.split(".", 1)[1] for k in keys if k.startswith(f"{name}.")})

@@ -22,7 +22,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from dpt import run_lock
+from dpt import run_lock, user_code
 from dpt.config import build, register_configs, validate
 from dpt.errors import Abort, DptError, could_not_write, is_disk_full, one_line
 from dpt.hydra_run import run_hydra_main
@@ -86,6 +86,7 @@ def run(hydra_main: Callable[[], Any]) -> None:
     HYDRA_FULL_ERROR=1 keeps Hydra's full traceback for those who want it.
     """
     argv = sys.argv[1:]
+    user_code.add_start_folder()  # a user's `_target_` imports from here, in every rank too
     if is_torchrun_follower():
         return _report(lambda: follow_torchrun(argv))
     if asks_for_help(argv):

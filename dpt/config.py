@@ -23,7 +23,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from dpt.errors import ConfigError, DptError
+from dpt.errors import ConfigError, DptError, one_line
 
 
 @dataclass
@@ -57,6 +57,9 @@ class CheckpointConfig:
     every_n_steps: int | None = None
     keep: int = 3
     resume: str | None = "auto"
+    # Keep `model_best.pt` beside `model.pt`: the weights of the epoch with the best watched
+    # metric (trainer.early_stopping.metric and .mode); needs validation, else nothing is kept.
+    save_best: bool = True
     # Refuse to resume a checkpoint written under another seed, data, model or optimizer kind
     # (dpt/resume_config.py); false: say so, and resume anyway.
     strict: bool = True
@@ -70,12 +73,28 @@ class MLPConfig:
     activation_checkpointing: bool = MISSING
 
 
+# `model.arch` of model=resnet18/resnet50 (checked here, before any process starts).
+RESNET_ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101")
+
+
 @dataclass
 class ResNetConfig:
     _target_: str = "dpt.models.resnet.resnet"
     arch: str = MISSING
     weights: str | None = MISSING  # a local state_dict file; nothing is ever downloaded
     channels_last: bool = MISSING
+    activation_checkpointing: bool = MISSING
+
+
+@dataclass
+class TorchvisionModelConfig:
+    """Any classification model of torchvision's registry, by name (dpt/models/classifiers.py)."""
+
+    _target_: str = "dpt.models.classifiers.torchvision_classifier"
+    name: str = MISSING  # torchvision.models.list_models(torchvision.models), e.g. efficientnet_b0
+    weights: str | None = MISSING  # a local state_dict file; nothing is ever downloaded
+    channels_last: bool = MISSING
+    options: dict[str, Any] = MISSING  # more keyword arguments of the builder, e.g. {dropout: 0.3}
     activation_checkpointing: bool = MISSING
 
 
@@ -104,6 +123,16 @@ class CocoConfig:
     train_image_dir: str | None = MISSING
     val_ann_file: str | None = MISSING
     val_image_dir: str | None = MISSING
+
+
+@dataclass
+class ImageFolderConfig:
+    _target_: str = "dpt.data.image_folder.ImageFolderData"
+    root: str = MISSING  # <root>/train/<class>/<images>, and <root>/val/<class>/<images> if any
+    val_fraction: float = MISSING  # without <root>/val: this share of train, seeded; 0 = none
+    image_size: int = MISSING
+    num_workers: int = MISSING
+    on_bad_image: str = MISSING
 
 
 @dataclass
@@ -142,6 +171,7 @@ class DDPConfig:
     static_graph: bool = MISSING
     find_unused_parameters: bool = MISSING
     comm_hook: str | None = MISSING  # bf16 | fp16: compress gradients for the all-reduce
+    sync_batchnorm: bool = MISSING  # BatchNorm statistics over the global batch, not the rank's
 
 
 @dataclass
@@ -151,6 +181,7 @@ class FSDPConfig:
     reshard_after_forward: bool = MISSING
     cpu_offload: bool = MISSING
     reduce_dtype: str = MISSING  # fp32 | bf16: the dtype of the gradient reduce-scatter
+    sync_batchnorm: bool = MISSING  # BatchNorm statistics over the global batch, not the rank's
 
 
 @dataclass
@@ -247,8 +278,18 @@ class Config:
 
 
 SCHEMAS: dict[str, dict[str, type]] = {
-    "model": {"mlp": MLPConfig, "resnet18": ResNetConfig, "resnet50": ResNetConfig},
-    "dataset": {"synthetic": SyntheticConfig, "coco": CocoConfig, "fake_images": FakeImagesConfig},
+    "model": {
+        "mlp": MLPConfig,
+        "resnet18": ResNetConfig,
+        "resnet50": ResNetConfig,
+        "torchvision": TorchvisionModelConfig,
+    },
+    "dataset": {
+        "synthetic": SyntheticConfig,
+        "coco": CocoConfig,
+        "fake_images": FakeImagesConfig,
+        "image_folder": ImageFolderConfig,
+    },
     "strategy": {
         "single": SingleConfig,
         "dp": DPConfig,
@@ -298,14 +339,29 @@ def register_configs() -> None:
 
 
 def build(node: DictConfig, **kwargs: Any) -> Any:
-    """`hydra.utils.instantiate`, but a DptError from the target surfaces as itself (Hydra wraps
-    it in an InstantiationException, which would turn a one-line message into a long one)."""
+    """`hydra.utils.instantiate`, with its failures in one line: a DptError from the target
+    surfaces as itself, anything else (a target that cannot be found, a constructor that
+    rejects its arguments) as a DptError naming the config node, the target and the cause."""
+    return build_as(node, node._get_full_key("") or "config", **kwargs)
+
+
+def build_as(node: DictConfig, group: str, **kwargs: Any) -> Any:
+    """`build` for a node made outside the config (its key is not known from it): `group`."""
+    from dpt.user_code import locate
+
+    key = f"{group}._target_"
+    locate(node._target_, key)  # one line for a target that cannot be imported
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as error:
-        if isinstance(error.__cause__, DptError):
-            raise error.__cause__ from None
-        raise
+        cause = error.__cause__
+        if isinstance(cause, DptError):
+            raise cause from None
+        if cause is None:
+            raise
+        raise DptError(
+            f"{key}={node._target_}: {type(cause).__name__}: {one_line(cause)}"
+        ) from cause
 
 
 # --- range checks that types cannot express -------------------------------------------------------
@@ -356,10 +412,8 @@ def validate(cfg: DictConfig) -> None:
     _validate_dataset_choices(cfg.dataset)
     _validate_early_stopping(cfg.trainer.early_stopping, cfg.dataset)
     _validate_optimizer(cfg.optimizer)
-    for dim in cfg.model.get("hidden_dims", []):
-        _check(
-            dim >= 1, "model.hidden_dims", list(cfg.model.hidden_dims), "every width must be >= 1"
-        )
+    _validate_model(cfg.model)
+    _validate_user_targets(cfg)
     if "nproc_per_node" in cfg.launcher:
         parse_nproc(cfg.launcher.nproc_per_node)
     _validate_group(cfg.launcher, "launcher", {"max_restarts": 0})
@@ -369,6 +423,36 @@ def validate(cfg: DictConfig) -> None:
         _check_choice("strategy.comm_hook", cfg.strategy.comm_hook, COMM_HOOK_NAMES)
     if OmegaConf.get_type(cfg.strategy) is FSDPConfig:
         _validate_fsdp(cfg.strategy, cfg.trainer)
+
+
+def _validate_model(model: DictConfig) -> None:
+    """What a builder would refuse once the ranks run, said before any process starts."""
+    for dim in model.get("hidden_dims", None) or []:
+        _check(dim >= 1, "model.hidden_dims", list(model.hidden_dims), "every width must be >= 1")
+    schema = OmegaConf.get_type(model)
+    if schema is ResNetConfig:
+        _check_choice("model.arch", model.arch, RESNET_ARCHS)
+    elif schema is TorchvisionModelConfig:
+        from dpt.models.classifiers import check_name  # imports torchvision: only for this model
+
+        check_name(model.name)
+    if model.get("weights"):
+        weights = Path(model.weights)
+        _check(weights.is_file(), "model.weights", model.weights, "file not found")
+
+
+# dpt's own targets and the libraries it names: found without importing them here.
+OWN_TARGETS = ("dpt.", "torch.", "torchvision.", "hydra_plugins.")
+
+
+def _validate_user_targets(cfg: DictConfig) -> None:
+    """A user's `_target_` whose module cannot be found: one line now, not a failed rank later."""
+    from dpt.user_code import check_importable
+
+    for group in ("model", "dataset"):
+        target = cfg[group].get("_target_")
+        if isinstance(target, str) and not target.startswith(OWN_TARGETS):
+            check_importable(target, f"{group}._target_")
 
 
 def _validate_fsdp(strategy: DictConfig, trainer: DictConfig) -> None:
@@ -425,6 +509,8 @@ def _no_validation(dataset: DictConfig) -> str | None:
     """The setting that leaves this dataset without a validation split, or None."""
     if dataset.get("num_val_samples", 1) == 0:
         return "dataset.num_val_samples=0"
+    if dataset.get("val_fraction", None) == 0 and not (Path(dataset.root) / "val").is_dir():
+        return "dataset.val_fraction=0 (with no <root>/val folder)"
     if "val_split" in dataset and dataset.val_split is None:
         return "dataset.val_split=null"
     return None
@@ -468,6 +554,10 @@ def _validate_dataset_choices(dataset: DictConfig) -> None:
     if "root" in dataset:
         root = dataset.root
         _check(Path(root).is_dir(), "dataset.root", root, "folder not found")
+    if OmegaConf.get_type(dataset) is ImageFolderConfig:
+        from dpt.data.folder_layout import check_layout  # no torch: a bad layout answers fast
+
+        check_layout(dataset.root, dataset.val_fraction)
 
 
 def _validate_slurm(cfg: DictConfig) -> None:

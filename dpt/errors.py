@@ -7,6 +7,7 @@ import errno
 import re
 from pathlib import Path
 
+from hydra.errors import OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 
@@ -49,6 +50,8 @@ def could_not_write(fallback: Path | str, error: OSError) -> str:
 def one_line(error: BaseException) -> str:
     """Hydra and OmegaConf messages span many lines; keep what names the key and the problem."""
     cause = error.__cause__
+    if isinstance(error, OverrideParseException):
+        return _override_line(error)
     if isinstance(error, OmegaConfBaseException):
         return _omegaconf_line(error)
     if isinstance(cause, OmegaConfBaseException):
@@ -68,6 +71,33 @@ def one_line(error: BaseException) -> str:
     lines = [ln.strip() for ln in text.splitlines()]
     kept = [ln for ln in lines if ln and not ln.startswith(("See https://", "Config search path"))]
     return " ".join(kept).split(" provider=")[0]
+
+
+OVERRIDE_SYNTAX = (
+    "Hydra's override syntax: key=value, key=[1,2], key='a string' (quote a value holding "
+    "spaces, brackets or commas, and the whole override for the shell)"
+)
+_LEXER = "LexerNoViableAltException: "
+
+
+def _override_line(error: OverrideParseException) -> str:
+    """An override Hydra's grammar cannot read, named with its key and what is wrong in it."""
+    override = error.override
+    key = override.split("=", 1)[0] if "=" in override else override
+    lines = str(error.message).splitlines()
+    if lines[0].startswith(_LEXER) and len(lines) > 1:  # the second line's caret marks the spot
+        at = len(lines[1]) - len(_LEXER) - 1
+        reason = f"unexpected character {override[at : at + 1]!r} at position {at + 1}"
+    else:  # "Error parsing override '...'" comes before the reason, where there is one
+        reason = next(
+            (
+                ln.strip()
+                for ln in lines
+                if ln.strip() and not ln.startswith(("Error parsing", "See "))
+            ),
+            "not a valid override",
+        )
+    return f"{override}: cannot read the value of {key} ({reason}); {OVERRIDE_SYNTAX}"
 
 
 def _unwrap_loader_error(text: str) -> str:

@@ -14,8 +14,10 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from dpt.agreement import Agreement
+from dpt.best_model import BestModel
 from dpt.checkpoint import Checkpoints
 from dpt.config import CheckpointConfig, TrainerConfig, build
+from dpt.contract import DataModule, class_names, val_transform_node
 from dpt.data.loaders import Loaders, ToDevice, build_loaders
 from dpt.distributed import DistEnv
 from dpt.early_stopping import EarlyStopping
@@ -26,6 +28,7 @@ from dpt.memory import MemoryUse
 from dpt.metrics import MetricsLogger
 from dpt.models import build_model
 from dpt.precision import Precision
+from dpt.results import RunData
 from dpt.state import seed_everything
 from dpt.strategy import Strategy
 
@@ -68,6 +71,8 @@ class Parts:
     agreement: Agreement
     validation: Validation
     early_stopping: EarlyStopping
+    best_model: BestModel
+    run_data: RunData  # what dpt-predict needs: class names, input shape, validation transform
     total_steps: int
     global_batch: int
     checkpoints: Checkpoints
@@ -103,14 +108,25 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
         validation=Validation(loaders.val, env, data.num_classes, precision.autocast, to_device,
                               _lockstep_shape(strategy, env, data.input_shape)),
         early_stopping=EarlyStopping(t.early_stopping, verbose=env.is_main),
+        best_model=BestModel(t.early_stopping.metric, t.early_stopping.mode,
+                             cfg.checkpoint.save_best, run_dir, env),
+        run_data=run_data(data),
         total_steps=total_steps,
         global_batch=loaders.global_batch(t.grad_accum_steps),
         checkpoints=Checkpoints(run_dir, env, cfg.checkpoint.keep, cfg.yaml),
     )  # fmt: skip
 
 
+def run_data(data: DataModule) -> RunData:
+    """The data set's side of the contract that outlives the run (dpt.contract)."""
+    transform = val_transform_node(data)
+    text = None if transform is None else repr(build(OmegaConf.create(transform)))
+    return RunData(class_names(data), list(data.input_shape), transform, text)
+
+
 def planned_steps(loaders: Loaders, settings: TrainerConfig, world_size: int) -> int:
-    """Optimizer steps of the whole run: epochs x full steps per epoch, capped by max_steps."""
+    """Optimizer steps of the whole run: trainer.max_steps where set (as many epochs as that
+    takes), else epochs x full steps per epoch."""
     per_epoch = loaders.steps_per_epoch(settings.grad_accum_steps)
     if per_epoch == 0:
         raise DptError(
@@ -118,8 +134,21 @@ def planned_steps(loaders: Loaders, settings: TrainerConfig, world_size: int) ->
             f"{world_size} rank(s) at trainer.batch_size={loaders.batch_size} x "
             f"trainer.grad_accum_steps={settings.grad_accum_steps}"
         )
-    total = per_epoch * settings.epochs
-    return min(total, settings.max_steps) if settings.max_steps else total
+    return settings.max_steps or per_epoch * settings.epochs
+
+
+def length_key(settings: TrainerConfig) -> str:
+    """The key that sets the run's length."""
+    return "trainer.max_steps" if settings.max_steps else "trainer.epochs"
+
+
+def run_length(settings: TrainerConfig, total_steps: int, per_epoch: int) -> str:
+    """What ends the run, for its first line: trainer.max_steps, when set, alone (the epochs
+    then run on as long as it takes), else trainer.epochs."""
+    if settings.max_steps:
+        return (f"{total_steps} steps (trainer.max_steps; {total_steps / per_epoch:.3g} epochs "
+                f"of {per_epoch} steps, trainer.epochs not used)")  # fmt: skip
+    return f"{total_steps} steps ({settings.epochs} epochs of {per_epoch} steps)"
 
 
 def _lockstep_shape(

@@ -105,13 +105,13 @@ def continue_data(trainer: Trainer) -> None:
 
 
 def _replan(trainer: Trainer) -> None:
-    """The steps done were of the old global batch: the run's total is those plus what the
-    rest of its epochs give at the new one (capped by trainer.max_steps)."""
+    """The steps done were of the old global batch: the run's total is trainer.max_steps where
+    set, else those plus what the rest of its epochs give at the new one."""
     t, parts = trainer.settings, trainer.parts
     later_epochs = max(0, t.epochs - trainer.position.epoch - 1)
     per_epoch = parts.loaders.steps_per_epoch(t.grad_accum_steps)
     total = trainer.progress.step + trainer.steps_left() + later_epochs * per_epoch
-    parts.total_steps = min(total, t.max_steps) if t.max_steps else total
+    parts.total_steps = t.max_steps or total
     parts.agreement.last_step = parts.total_steps
     parts.metrics.replan(parts.total_steps)
     if schedulers.replan(parts.scheduler, parts.total_steps):  # the lr at the steps done, anew

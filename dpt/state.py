@@ -110,6 +110,8 @@ class PlainState:
 
     def __init__(self, part: Any) -> None:
         self.part = part
+        # A part added after checkpoints were written loads fresh from them (dpt.checkpoint).
+        self.optional = bool(getattr(part, "optional", False))
 
     def state_dict(self) -> dict[str, Any]:
         return {"json": json.dumps(self.part.state_dict())}

@@ -16,6 +16,7 @@ from dpt.config import COMM_HOOK_NAMES
 from dpt.distributed import DistEnv
 from dpt.errors import DptError
 from dpt.models.blocks import blocks
+from dpt.models.sync_batchnorm import convert_sync_batchnorm, has_batchnorm
 
 log = logging.getLogger("dpt")
 
@@ -108,6 +109,7 @@ class DDP(Strategy):
         static_graph: bool,
         find_unused_parameters: bool,
         comm_hook: str | None,
+        sync_batchnorm: bool,
     ) -> None:
         if comm_hook is not None and comm_hook not in COMM_HOOKS:
             raise ValueError(f"comm_hook must be one of {', '.join(COMM_HOOKS)} or None")
@@ -116,10 +118,13 @@ class DDP(Strategy):
         self.static_graph = static_graph
         self.find_unused_parameters = find_unused_parameters
         self.comm_hook = comm_hook
+        self.sync_batchnorm = sync_batchnorm
 
     def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         if not torch.distributed.is_initialized():
             return model  # a world of one: nothing to synchronise
+        if self.sync_batchnorm:
+            model = _sync_batchnorm(model, env)
         ddp = DistributedDataParallel(
             model,
             device_ids=[env.device.index] if env.device.type == "cuda" else None,
@@ -143,16 +148,27 @@ class FSDP(Strategy):
     name = "fsdp"
     lockstep_forward = True
 
-    def __init__(self, reshard_after_forward: bool, cpu_offload: bool, reduce_dtype: str) -> None:
+    def __init__(
+        self,
+        reshard_after_forward: bool,
+        cpu_offload: bool,
+        reduce_dtype: str,
+        sync_batchnorm: bool,
+    ) -> None:
         if reduce_dtype not in REDUCE_DTYPES:
             raise ValueError(f"reduce_dtype must be one of {', '.join(REDUCE_DTYPES)}")
         self.reshard_after_forward = reshard_after_forward
         self.cpu_offload = cpu_offload
         self.reduce_dtype = REDUCE_DTYPES[reduce_dtype]
+        self.sync_batchnorm = sync_batchnorm
 
     def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         if not torch.distributed.is_initialized():
             return model  # a world of one: nothing to shard; its checkpoints load sharded
+        if self.sync_batchnorm:
+            # Every rank runs the same forwards (lockstep_forward), so the statistics'
+            # all-reduces inside them stay in step with the blocks' all-gathers.
+            model = _sync_batchnorm(model, env)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
@@ -186,6 +202,19 @@ class FSDP(Strategy):
 
         param_dtype = torch.bfloat16 if precision == "bf16-mixed" else None
         return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=self.reduce_dtype)
+
+
+def _sync_batchnorm(model: nn.Module, env: DistEnv) -> nn.Module:
+    """BatchNorm layers normalising over all ranks' samples (`strategy.sync_batchnorm=true`);
+    PyTorch's SyncBatchNorm on accelerators, dpt's on the CPU."""
+    if not has_batchnorm(model):
+        if env.is_main:
+            log.warning(
+                "strategy.sync_batchnorm=true: %s has no BatchNorm layer; nothing to synchronise",
+                type(model).__name__,
+            )
+        return model
+    return convert_sync_batchnorm(model, env.device)
 
 
 def _keep_batchnorm_fp32(model: nn.Module, options: dict[str, Any]) -> None:

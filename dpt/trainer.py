@@ -56,11 +56,7 @@ class Trainer:
     def fit(self) -> TrainResult:
         p, start, stopped_early = self.progress, time.perf_counter(), False
         with stop_on_signals() as stop:
-            while (
-                not stopped_early
-                and self.position.epoch < self.settings.epochs
-                and p.step < self.parts.total_steps
-            ):
+            while not stopped_early and p.step < self.parts.total_steps:  # epochs or max_steps
                 self.model.train()
                 for micro_batches, data_s in self.parts.loaders.epoch_batches(
                     self.position, self.settings.grad_accum_steps
@@ -177,6 +173,7 @@ class Trainer:
         val = self.parts.validation.run(self.model)
         self.metrics.scalars(val, self.progress.step)
         stop = self.parts.early_stopping.should_stop(val)
+        self.parts.best_model.update(val, self.progress.step, self.position.epoch + 1, self.model)
         bad_in_epoch = self.progress.bad_samples - self.bad_before_epoch
         self.bad_before_epoch = self.progress.bad_samples
         if self.parts.env.is_main:  # world-wide numbers: one line, not one per rank
@@ -215,6 +212,7 @@ class Trainer:
             "data_position": self.position,
             "validation": self.parts.validation,
             "early_stopping": self.parts.early_stopping,
+            "best_model": self.parts.best_model,
         }
         return {
             "model": ModelState(self.model),

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-from dpt import allocator, checkpoint, collector, dashboard, resume_apply
+from dpt import allocator, checkpoint, collector, dashboard, resume_apply, user_code
 from dpt.distributed import (
     DistEnv,
     broadcast_object,
@@ -25,7 +25,8 @@ from dpt.distributed import (
 from dpt.errors import DptError, could_not_write, is_disk_full, one_line
 from dpt.interrupt import Interrupted
 from dpt.logs import TRACE_LOGGER_NAME, setup_logging
-from dpt.parts import Parts, RunConfig, build_parts
+from dpt.parts import Parts, RunConfig, build_parts, length_key, run_length
+from dpt.results import write_run_data
 from dpt.rollcall import RollCall
 from dpt.state import full_state_dict
 from dpt.trainer import Trainer, TrainResult
@@ -36,6 +37,7 @@ log = logging.getLogger("dpt")
 def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """Entry point of every rank: in-process, elastic launch, torchrun or SLURM started it."""
     allocator.keep_freed_memory()  # before the parts: their blocks go to the heap from the start
+    user_code.add_recorded_folders()  # a user's model or data set imports as in the launcher
     env = env_from_environment(cfg_dict["trainer"]["device"])
     init_process_group(env, cfg_dict["trainer"]["timeout_s"])
     roll_call = RollCall(env)
@@ -129,6 +131,8 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         parts.metrics.close()
         return finished
     _log_start(parts)
+    if env.is_main:  # before the first step: a run cut short still leaves what predict needs
+        write_run_data(run_dir, parts.run_data)
     hparams = _hparams(cfg, env, parts.global_batch, run_dir)
     parts.metrics.start_session(hparams)
     ended: bool | None = False  # the session's end as HPARAMS shows it; None: not over yet
@@ -136,6 +140,7 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         collector.freeze_for_training()  # start-up's objects left out of collections
         result = trainer.fit()
         summary = _summary(result, env, parts.global_batch, hparams)
+        summary["best"] = parts.best_model.summary()
         weights = full_state_dict(parts.model)  # all ranks: fsdp gathers the shards to rank 0
         if env.is_main:
             log.info(
@@ -166,15 +171,22 @@ def _resume(trainer: Trainer, parts: Parts) -> dict[str, Any] | None:
     resume_apply.apply(configured, parts.optimizer, parts.scheduler, resumed.changes)
     resume_apply.continue_data(trainer)  # another global batch: from the same sample
     resume_apply.rederive_rng(trainer)  # another world size: the RNG streams
-    return _finished(parts.run_dir, resumed, parts.total_steps, parts.env)
+    return _finished(
+        parts.run_dir, resumed, parts.total_steps, parts.env, length_key(parts.settings)
+    )
 
 
 def _finished(
-    run_dir: Path, resumed: checkpoint.Committed, total_steps: int, env: DistEnv
+    run_dir: Path,
+    resumed: checkpoint.Committed,
+    total_steps: int,
+    env: DistEnv,
+    length: str = "trainer.epochs",
 ) -> dict[str, Any] | None:
     """A run folder whose run is over (its results written, its newest checkpoint at the end or
     where early stopping ended it): nothing to train, nothing to overwrite. Its summary, as the
-    run returned it; None when there is training left."""
+    run returned it; None when there is training left. `length`: the key that sets the run's
+    length (trainer.max_steps where set)."""
     try:
         summary = json.loads((run_dir / "metrics.json").read_text())
     except (OSError, ValueError):
@@ -186,7 +198,7 @@ def _finished(
         how, knob = (
             ("stopped early at", "trainer.early_stopping.patience")
             if resumed.step < total_steps
-            else ("trained to", "trainer.max_steps or trainer.epochs")
+            else ("trained to", length)
         )
         log.info(
             f"run folder {run_dir} is complete ({how} step {resumed.step} of {total_steps}); "
@@ -201,16 +213,13 @@ def _log_start(parts: Parts) -> None:
     backend = env.backend if env.world_size > 1 else "none"
     if env.world_size > 1:  # where this world met: tells jobs of a sweep apart, helps debugging
         backend += f" at {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-    accum = (
-        f" x {settings.grad_accum_steps} accumulation steps"
-        if settings.grad_accum_steps > 1
-        else ""
-    )
+    accum = settings.grad_accum_steps
+    accum_text = f" x {accum} accumulation steps" if accum > 1 else ""
     log.info(
         f"pid {os.getpid()} | strategy={parts.strategy.name} | world size {env.world_size} | "
         f"device {env.device} | backend {backend} | precision {settings.precision} | batch per "
-        f"process {settings.batch_size}{accum} | global batch {parts.global_batch} | "
-        f"{parts.total_steps} steps"
+        f"process {settings.batch_size}{accum_text} | global batch {parts.global_batch} | "
+        f"{run_length(settings, parts.total_steps, parts.loaders.steps_per_epoch(accum))}"
     )
 
 

@@ -31,7 +31,12 @@ Val: 501-509 fillers, 510 a PNG saved as .jpg (readable), 511 cat 7 (300) then c
 Annotation ids decrease along the file, so sorting by id would reverse each image's
 annotations: only a reader that keeps file order gets `first` right.
 
-Usage: python scripts/make_coco_fixture.py --out DIR [--seed 0]
+With `--image-folder DIR`, the same files are also laid out as an image folder (what
+`dataset=image_folder` reads): DIR/train/<class>/<file> and DIR/val/<class>/<file>, each image
+under its `first`-policy label's name (the unreadable files included; images without a label
+and the missing file left out; yellow, which labels nothing, has no folder).
+
+Usage: python scripts/make_coco_fixture.py --out DIR [--seed 0] [--image-folder DIR]
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import argparse
 import io
 import json
 import random
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -276,10 +282,32 @@ def make_fixture(out: Path, seed: int = 0) -> dict[str, dict]:
     }
 
 
+def write_image_folder(coco: Path, expected: dict[str, dict], out: Path) -> dict[str, int]:
+    """The fixture's labelled files as `out/<train|val>/<class>/<file>`; files per split."""
+    counts = {}
+    for split, folder in (("train2017", "train"), ("val2017", "val")):
+        info, copied = expected[split], 0
+        for image_id, label in info["first"].items():
+            source = coco / split / f"{image_id:012d}.jpg"
+            if not source.exists():  # the fixture's missing file: nothing to copy
+                continue
+            target = out / folder / info["classes"][label] / source.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+            copied += 1
+        counts[folder] = copied
+    return counts
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="directory to write into")
     parser.add_argument("--seed", type=int, default=0, help="seed for sizes, boxes and texture")
+    parser.add_argument(
+        "--image-folder",
+        type=Path,
+        help="also lay the labelled images out as <class>/ folders here",
+    )
     args = parser.parse_args(argv)
     expected = make_fixture(args.out, args.seed)
     for split, info in expected.items():
@@ -287,6 +315,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{split}: {len(info['first'])} kept images, {len(info['bad_files'])} unreadable, "
             f"{len(info['left_out'])} left out"
         )
+    if args.image_folder is not None:
+        counts = write_image_folder(args.out, expected, args.image_folder)
+        print(f"image folder {args.image_folder}: {counts['train']} train, {counts['val']} val")
 
 
 if __name__ == "__main__":

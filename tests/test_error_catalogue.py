@@ -50,11 +50,38 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     run = root / "mlp_run"
     train(run, *FAST, "trainer.max_steps=2")
     return {
+        **_image_folders(root, coco),
         "coco": coco,
         "empty_coco": empty,
         "empty_json_coco": empty_json,
         "truncated_coco": truncated,
         **_checkpoints(root, run / "checkpoints" / "step-00000002"),
+    }
+
+
+def _image_folders(root: Path, coco: Path) -> dict[str, Path]:
+    """A good image folder made from the COCO fixture, and one of each bad layout."""
+    image = next((coco / "train2017").glob("*.jpg"))
+
+    def folder(name: str, files: list[str]) -> Path:
+        made = root / name
+        (made / "train").mkdir(parents=True)
+        for file in files:
+            path = made / file
+            if file.endswith("/"):
+                path.mkdir(parents=True, exist_ok=True)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(image, path)
+        return made
+
+    return {
+        "image_folder": folder("image_folder", ["train/red/a.jpg", "train/red/b.jpg"]),
+        "flat_folder": folder("flat_folder", []),
+        "loose_image_folder": folder("loose_image_folder", ["train/red/a.jpg", "train/stray.jpg"]),
+        "empty_class_folder": folder("empty_class_folder", ["train/red/a.jpg", "train/green/"]),
+        "other_val_folder": folder("other_val_folder", ["train/red/a.jpg", "val/purple/a.jpg"]),
+        "imageless_folder": folder("imageless_folder", ["train/red/notes.txt"]),
     }
 
 

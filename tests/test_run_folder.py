@@ -308,7 +308,7 @@ def test_a_finished_run_folder_run_again_overwrites_nothing(tmp_path: Path) -> N
     again = train(tmp_path, *common)
     assert (
         f"[rank 0] run folder {tmp_path} is complete (trained to step 6 of 6); nothing "
-        "overwritten. To train further, raise trainer.max_steps or trainer.epochs "
+        "overwritten. To train further, raise trainer.max_steps "
         "(checkpoint.resume=auto continues from step 6), or start a new run folder "
         "(hydra.run.dir=...)"
     ) in again.stdout.splitlines()

@@ -13,21 +13,29 @@ from typing import Any
 
 import torch
 from pycocotools.coco import COCO
-from torch.utils.data import Dataset
 
-from dpt.data.images import ImageDecodeError, read_image_rgb, train_transform, val_transform
+# BAD_IMAGE_POLICIES and UnreadableImageError were defined here before the image folder data
+# set shared them: re-exported (`X as X`) for code that imports them from here.
+from dpt.data.images import BAD_IMAGE_POLICIES as BAD_IMAGE_POLICIES
+from dpt.data.images import (
+    BadImages,
+    LabelledImageFiles,
+    check_choice,
+    train_transform,
+    val_transform,
+)
+from dpt.data.images import UnreadableImageError as UnreadableImageError
 from dpt.errors import DptError
 
 log = logging.getLogger("dpt")
 
 LABEL_POLICIES = ("first", "largest")
-BAD_IMAGE_POLICIES = ("skip", "error")
 
 Annotation = dict[str, Any]
 Sample = tuple[torch.Tensor, int]
 
 
-class CocoClassification(Dataset):
+class CocoClassification(LabelledImageFiles):
     """One label per COCO image, picked from its non-crowd object annotations.
 
     Reads `<root>/annotations/instances_<split>.json` and the images in `<root>/<split>/`
@@ -56,8 +64,8 @@ class CocoClassification(Dataset):
         ann_file: str | os.PathLike[str] | None = None,
         image_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        _check_choice("label_policy", label_policy, LABEL_POLICIES)
-        _check_choice("on_bad_image", on_bad_image, BAD_IMAGE_POLICIES)
+        check_choice("label_policy", label_policy, LABEL_POLICIES)
+        self.bad_images = BadImages(on_bad_image)
         self.root = Path(root)
         self.split = split
         self.label_policy = label_policy
@@ -90,7 +98,6 @@ class CocoClassification(Dataset):
             self.image_ids.append(image_id)
             self.targets.append(label)
             self.samples.append((str(path), label))
-        self._warned: set[str] = set()
 
         left_out = len(coco.imgs) - len(self.image_ids)
         log.info(
@@ -101,24 +108,6 @@ class CocoClassification(Dataset):
     @property
     def num_classes(self) -> int:
         return len(self.classes)
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def image_path(self, index: int) -> Path:
-        """The file behind sample `index`."""
-        return Path(self.samples[index][0])
-
-    def __getitem__(self, index: int) -> Sample | None:
-        path, label = self.samples[index]
-        try:
-            image = read_image_rgb(path)
-        except ImageDecodeError as e:
-            self._bad_image(path, e.reason)
-            return None
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, label
 
     def __repr__(self) -> str:
         return (
@@ -135,18 +124,6 @@ class CocoClassification(Dataset):
                 f"{self.ann_file}: annotation {ann.get('id')} has category_id "
                 f"{ann.get('category_id')}, which is not in 'categories'"
             ) from None
-
-    def _bad_image(self, path: str, reason: str) -> None:
-        if self.on_bad_image == "error":
-            raise UnreadableImageError(f"unreadable image {path}: {reason}")
-        # Once per file: a bad file is hit again every epoch and would flood the log.
-        if path not in self._warned:
-            self._warned.add(path)
-            log.warning(f"skipping unreadable image {path}: {reason}")
-
-
-class UnreadableImageError(DptError, RuntimeError):
-    """A bad image file with `on_bad_image="error"`: stops the run, naming the file."""
 
 
 class CocoData:
@@ -197,11 +174,6 @@ class CocoData:
         self.input_shape: tuple[int, ...] = (3, image_size, image_size)
         self.num_classes = self.train.num_classes
         self.num_workers = num_workers
-
-
-def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
 
 
 # The top-level keys of every COCO instances file (pycocotools indexes whichever are present).

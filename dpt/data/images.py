@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image, UnidentifiedImageError
+from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
+
+from dpt.errors import DptError
+
+log = logging.getLogger("dpt")
 
 # ImageNet statistics: what torchvision's pretrained classifiers expect.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -95,6 +104,74 @@ def _decode_with_pil(data: bytearray, path: str | os.PathLike[str]) -> torch.Ten
 
 def _error(path: str | os.PathLike[str], reason: str) -> ImageDecodeError:
     return ImageDecodeError(f"cannot read image {os.fspath(path)}: {reason}", reason)
+
+
+# `on_bad_image` of the image data sets: what a file that cannot be decoded does.
+BAD_IMAGE_POLICIES = ("skip", "error")
+
+
+class UnreadableImageError(DptError, RuntimeError):
+    """A bad image file with `on_bad_image="error"`: stops the run, naming the file."""
+
+
+class BadImages:
+    """The `on_bad_image` policy of an image data set, shared by its samples: for a missing,
+    truncated or corrupt file, "skip" makes `read` return None (the loaders' collate function
+    drops it) and logs one warning per file per process; "error" raises UnreadableImageError."""
+
+    def __init__(self, policy: str) -> None:
+        check_choice("on_bad_image", policy, BAD_IMAGE_POLICIES)
+        self.policy = policy
+        self._warned: set[str] = set()
+
+    def read(self, path: str) -> torch.Tensor | None:
+        """`read_image_rgb(path)`, or None for a bad file under "skip"."""
+        try:
+            return read_image_rgb(path)
+        except ImageDecodeError as e:
+            self.report(path, e.reason)
+            return None
+
+    def report(self, path: str, reason: str) -> None:
+        if self.policy == "error":
+            raise UnreadableImageError(f"unreadable image {path}: {reason}")
+        # Once per file: a bad file is hit again every epoch and would flood the log.
+        if path not in self._warned:
+            self._warned.add(path)
+            log.warning(f"skipping unreadable image {path}: {reason}")
+
+
+class LabelledImageFiles(Dataset):
+    """A data set of image files with labels (COCO's, an image folder's): `samples` holds
+    (path, label) pairs; each is decoded, transformed, or None where the file is unreadable
+    and `bad_images` says skip. Subclasses fill `samples`, `transform` and `bad_images`."""
+
+    samples: list[tuple[str, int]]
+    transform: Callable[[torch.Tensor], Any] | None
+    bad_images: BadImages
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def image_path(self, index: int) -> Path:
+        """The file behind sample `index`."""
+        return Path(self.samples[index][0])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | None:
+        path, label = self.samples[index]
+        image = self.bad_images.read(path)
+        if image is None:
+            return None
+        if self.transform is not None:
+            # Random transforms draw from torch's global generator, which SeededSamples seeds
+            # per (epoch, sample): augmentation resumes exactly, whatever the loader workers.
+            image = self.transform(image)
+        return image, label
+
+
+def check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
 
 
 def train_transform(image_size: int) -> v2.Compose:

@@ -6,25 +6,15 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 
+from dpt.contract import DataModule
 from dpt.data.seeded import SeededSamples
 from dpt.distributed import DistEnv
 from dpt.state import DataPosition
-
-
-class DataModule(Protocol):
-    """What a `dataset` config builds: datasets plus what the model needs to know about them."""
-
-    train: Dataset
-    val: Dataset | None
-    input_shape: tuple[int, ...]
-    num_classes: int
-    num_workers: int
-
 
 Batch = tuple[torch.Tensor, torch.Tensor, int]
 

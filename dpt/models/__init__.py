@@ -7,20 +7,29 @@ import sys
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from dpt.config import build
+from dpt.config import build_as
+from dpt.contract import model_kwargs
+from dpt.errors import DptError
+from dpt.user_code import locate
 
 # A key of every model's config that dpt applies itself (to any model with blocks), not the target.
 RECOMPUTE_KEY = "activation_checkpointing"
 
 
 def build_model(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The model as dpt.contract says: the config's keys, `num_classes`, and `input_shape` where
+    the target's signature takes it."""
     recompute = bool(cfg.get(RECOMPUTE_KEY, False))
     target = OmegaConf.create(
         {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != RECOMPUTE_KEY}
     )
-    model = build(target, input_shape=tuple(input_shape), num_classes=num_classes)
+    factory = locate(target._target_, "model._target_")
+    model = build_as(target, "model", **model_kwargs(factory, input_shape, num_classes))
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model._target_ built a {type(model).__name__}, not a torch.nn.Module")
+        raise DptError(
+            f"model._target_={target._target_} built a {type(model).__name__}, "
+            "not a torch.nn.Module"
+        )
     if recompute:
         from dpt.models.blocks import recompute_in_backward
 

@@ -1,8 +1,10 @@
 """A model's blocks: the units that fsdp shards one by one and activation checkpointing recomputes.
 
-The MLP's blocks are its linear layers, a ResNet's its residual blocks (each stage's children).
-Found the same way before and after activation checkpointing wraps them, so fsdp shards the
-wrapped blocks (the order PyTorch's FSDP2 expects: recomputation inside the sharded unit).
+The MLP's blocks are its linear layers, a ResNet's its residual blocks (each stage's children),
+and other torchvision classifiers' their repeated blocks (`TORCHVISION_BLOCKS`: inverted
+residuals, MBConvs, ConvNeXt and transformer blocks). Found the same way before and after
+activation checkpointing wraps them, so fsdp shards the wrapped blocks (the order PyTorch's FSDP2
+expects: recomputation inside the sharded unit).
 """
 
 from __future__ import annotations
@@ -20,6 +22,24 @@ from dpt.errors import DptError
 from dpt.models.mlp import MLP
 
 RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
+# torchvision's repeated blocks, (module, class): each maps a tensor to a new tensor (not a
+# view, which FSDP2 warns about: ShuffleNet's blocks end in a channel shuffle view), holds its own
+# parameters and is registered in forward order. Named, not imported: no torchvision import to
+# find out that a model has none.
+TORCHVISION_BLOCKS = frozenset(
+    {
+        ("torchvision.models.mobilenetv2", "InvertedResidual"),
+        ("torchvision.models.mobilenetv3", "InvertedResidual"),
+        ("torchvision.models.efficientnet", "MBConv"),
+        ("torchvision.models.efficientnet", "FusedMBConv"),
+        ("torchvision.models.convnext", "CNBlock"),
+        ("torchvision.models.regnet", "ResBottleneckBlock"),
+        ("torchvision.models.mnasnet", "_InvertedResidual"),
+        ("torchvision.models.swin_transformer", "SwinTransformerBlock"),
+        ("torchvision.models.swin_transformer", "SwinTransformerBlockV2"),
+        ("torchvision.models.vision_transformer", "EncoderBlock"),
+    }
+)
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
@@ -28,7 +48,22 @@ def blocks(model: nn.Module) -> list[nn.Module]:
         return [layer for layer in model if any(True for _ in layer.parameters())]
     if _is_resnet(model):
         return [block for stage in RESNET_STAGES for block in getattr(model, stage)]
-    return []
+    return list(_torchvision_blocks(model))
+
+
+def _torchvision_blocks(module: nn.Module) -> Iterator[nn.Module]:
+    """The outermost known blocks under `module`, each as the model holds it (inside
+    activation checkpointing's wrapper: the wrapper)."""
+    for child in module.children():
+        if _is_torchvision_block(getattr(child, "_checkpoint_wrapped_module", child)):
+            yield child
+        else:
+            yield from _torchvision_blocks(child)
+
+
+def _is_torchvision_block(module: nn.Module) -> bool:
+    # The class's bases too: FSDP2 subclasses a module's class when it shards it.
+    return any((c.__module__, c.__name__) in TORCHVISION_BLOCKS for c in type(module).__mro__)
 
 
 def _is_resnet(model: nn.Module) -> bool:
@@ -45,7 +80,8 @@ def recompute_in_backward(model: nn.Module) -> None:
     if not targets:
         raise DptError(
             f"model.activation_checkpointing=true: dpt knows no blocks of {type(model).__name__} "
-            "(it knows the MLP's layers and the ResNets' residual blocks)"
+            "(it knows the MLP's layers, the ResNets' residual blocks and the blocks of "
+            "torchvision's MobileNets, EfficientNets, ConvNeXts, RegNets, MNASNets, Swins and ViTs)"
         )
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing,

@@ -1,0 +1,109 @@
+"""The `dataset=image_folder` module: `<root>/train/<class>/<images>`, validation from
+`<root>/val/<class>/<images>` or a seeded split of train (the layout: dpt/data/folder_layout.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from dpt.data.folder_layout import Layout, scan_layout
+from dpt.data.images import (
+    BAD_IMAGE_POLICIES,
+    BadImages,
+    LabelledImageFiles,
+    train_transform,
+    val_transform,
+)
+from dpt.errors import ConfigError
+
+log = logging.getLogger("dpt")
+
+Sample = tuple[torch.Tensor, int]
+
+
+class ImageFolderDataset(LabelledImageFiles):
+    """(path, label) pairs decoded with `read_image_rgb` and transformed; `classes`,
+    `class_to_idx`, `samples` and `targets` as in torchvision's ImageFolder.
+
+    `on_bad_image`: "skip" returns None for a missing, truncated or corrupt file (the loaders'
+    collate function drops it) and warns once per file per process; "error" raises
+    UnreadableImageError naming the file.
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[tuple[str, int]],
+        classes: Sequence[str],
+        transform: Callable[[torch.Tensor], Any] | None = None,
+        on_bad_image: str = "skip",
+    ) -> None:
+        self.samples: list[tuple[str, int]] = list(samples)
+        self.targets: list[int] = [label for _, label in self.samples]
+        self.classes: list[str] = list(classes)
+        self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
+        self.transform = transform
+        self.bad_images = BadImages(on_bad_image)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(images={len(self)}, classes={len(self.classes)})"
+
+
+class ImageFolderData:
+    """The `dataset=image_folder` module: train and val sets with their transforms."""
+
+    def __init__(
+        self,
+        root: str,
+        val_fraction: float,
+        image_size: int,
+        num_workers: int,
+        on_bad_image: str,
+        seed: int,
+    ) -> None:
+        if on_bad_image not in BAD_IMAGE_POLICIES:
+            raise ConfigError(
+                f"dataset.on_bad_image={on_bad_image}: must be one of "
+                f"{', '.join(BAD_IMAGE_POLICIES)}"
+            )
+        layout = scan_layout(root, val_fraction, seed)
+        self.root = layout.root
+        self.classes: list[str] = layout.classes
+        self.train = ImageFolderDataset(
+            layout.train, layout.classes, train_transform(image_size), on_bad_image
+        )
+        self.val: ImageFolderDataset | None = None
+        if layout.val_source != "none":
+            self.val = ImageFolderDataset(
+                layout.val, layout.classes, val_transform(image_size), on_bad_image
+            )
+        self.input_shape: tuple[int, ...] = (3, image_size, image_size)
+        self.num_classes = len(layout.classes)
+        self.num_workers = num_workers
+        # dpt-predict rebuilds the validation transform from this node (see dpt/contract.py).
+        self.val_transform = {"_target_": "dpt.data.images.val_transform", "image_size": image_size}
+        _log_layout(layout, val_fraction, seed)
+
+
+def _log_layout(layout: Layout, val_fraction: float, seed: int) -> None:
+    classes = f"in {len(layout.classes)} classes"
+    train_dir = os.path.join(layout.root, "train")
+    if layout.val_source == "split":
+        log.info(
+            f"image_folder train: {len(layout.train)} images {classes} ({train_dir}, "
+            f"{len(layout.val)} held out for validation)"
+        )
+        log.info(
+            f"image_folder val: {len(layout.val)} images {classes}, a seeded split of "
+            f"{train_dir} (dataset.val_fraction={val_fraction:g}, trainer.seed={seed})"
+        )
+        return
+    log.info(f"image_folder train: {len(layout.train)} images {classes} ({train_dir})")
+    if layout.val_source == "folder":
+        val_dir = os.path.join(layout.root, "val")
+        log.info(f"image_folder val: {len(layout.val)} images {classes} ({val_dir})")
+    else:
+        log.info("image_folder val: none (no val/ folder and dataset.val_fraction=0)")

@@ -1,0 +1,78 @@
+"""Initial weights from a local state_dict file (`model.weights`), for any classifier.
+
+Nothing is downloaded and nothing beyond tensors is unpickled. A classification head of another
+size (e.g. ImageNet's 1000 classes for a data set of 7) stays freshly initialised: that is what
+fine-tuning from a pretrained backbone needs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpt.errors import DptError
+
+
+def load_weights(model: nn.Module, path: Path, label: str, num_classes: int) -> None:
+    """Load `path` into `model`; `label` names the model in errors (`model={label}`)."""
+    state = _read(path)
+    own = model.state_dict()
+    usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    heads = _head_keys(model, num_classes)
+    missing = [
+        k for k in own if k not in usable and not _is_fresh_head(k, own, state, heads, num_classes)
+    ]
+    if missing:
+        raise DptError(
+            f"model.weights={path}: does not fit model={label} ({len(missing)} tensors missing or "
+            f"of another shape, e.g. {missing[0]})"
+        )
+    model.load_state_dict(usable, strict=False)
+
+
+def _read(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise DptError(f"model.weights={path}: file not found")
+    try:
+        state: Any = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise DptError(f"model.weights={path}: not a loadable state_dict ({error})") from error
+    # A training checkpoint wraps the model's state_dict as {"model": ..., ...}.
+    state = state.get("model", state) if isinstance(state, dict) else state
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise DptError(f"model.weights={path}: not a state_dict (a dict of tensors)")
+    return state
+
+
+def _is_fresh_head(
+    key: str,
+    own: dict[str, torch.Tensor],
+    state: dict[str, torch.Tensor],
+    heads: set[str],
+    num_classes: int,
+) -> bool:
+    """A tensor left as initialised: one whose class dimension (the first) differs from the
+    file's and nothing else (`fc.`, `classifier.N.`, `head.`, `heads.head.`, an auxiliary head
+    too), or the classifier's own tensors where the file has no head at all."""
+    if key not in state:
+        return key in heads
+    mine, theirs = own[key].shape, state[key].shape
+    return len(mine) == len(theirs) >= 1 and mine[0] == num_classes and mine[1:] == theirs[1:]
+
+
+def _head_keys(model: nn.Module, num_classes: int) -> set[str]:
+    """The state-dict keys of the classifier: the last module holding parameters of its own,
+    where its output dimension is `num_classes` (torchvision registers the head last)."""
+    last = ""
+    for name, module in model.named_modules():
+        if any(True for _ in module.parameters(recurse=False)):
+            last = name
+    module = model.get_submodule(last)
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.shape[:1] != (num_classes,):
+        return set()
+    prefix = f"{last}." if last else ""
+    return {prefix + name for name, _ in module.named_parameters(recurse=False)}

@@ -1,0 +1,57 @@
+"""What a run leaves for using its model without dpt's source: `<run>/data.json`.
+
+It holds the class names in label order, one input's shape and the validation transform (a
+`_target_` node, and its text for people), written by rank 0 before the first step. With
+`.hydra/config.yaml` (the model's config) and `model.pt` / `model_best.pt` it is all that
+`dpt-predict` reads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dpt.errors import DptError
+
+DATA_FILE = "data.json"
+LAST_MODEL = "model.pt"
+BEST_MODEL = "model_best.pt"
+
+
+@dataclass
+class RunData:
+    classes: list[str]
+    input_shape: list[int]
+    val_transform: dict[str, Any] | None  # a `_target_` node; None: the data set gave none
+    val_transform_text: str | None  # repr() of the built transform
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+def write_run_data(run_dir: Path, data: RunData) -> None:
+    from dpt.checkpoint import write_atomically  # torch: only where a rank writes
+
+    text = (json.dumps(asdict(data), indent=2) + "\n").encode()
+    write_atomically(run_dir / DATA_FILE, lambda f: f.write(text), "data")
+
+
+def read_run_data(run_dir: Path) -> RunData:
+    path = run_dir / DATA_FILE
+    try:
+        raw = json.loads(path.read_text())
+        return RunData(
+            classes=[str(c) for c in raw["classes"]],
+            input_shape=[int(n) for n in raw["input_shape"]],
+            val_transform=raw.get("val_transform"),
+            val_transform_text=raw.get("val_transform_text"),
+        )
+    except FileNotFoundError:
+        raise DptError(
+            f"{path} not found: not a run folder of this dpt version (or the run never started)"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DptError(f"{path} is unreadable: {error}") from error

@@ -1,0 +1,67 @@
+"""Where a user's own code (`model._target_=my_models.TinyCNN`) is imported from.
+
+The folder `dpt` (or `python train.py`) was started in is on the import path, after everything
+else (a file there named like a standard module shadows nothing). Every process of the run sees
+it: the launcher records it in `DPT_IMPORT_PATH`, and each rank adds it at start, whichever
+launcher started the rank (local workers, torchrun, SLURM tasks, which inherit the submitting
+shell's environment). `PYTHONPATH` works as usual on top of that.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import Any
+
+from dpt.errors import ConfigError
+
+ENV = "DPT_IMPORT_PATH"
+HINT = (
+    "dpt imports your code from the folder it was started in and from PYTHONPATH "
+    "(README: Your own model and data)"
+)
+
+
+def add_start_folder() -> None:
+    """In the launching process: the start folder on the import path, for it and its ranks."""
+    folders = os.environ.get(ENV) or os.getcwd()
+    os.environ[ENV] = folders
+    add_recorded_folders()
+
+
+def add_recorded_folders() -> None:
+    """In a rank: the folders the launcher recorded, at the end of the import path."""
+    for folder in filter(None, os.environ.get(ENV, "").split(os.pathsep)):
+        if folder not in sys.path:
+            sys.path.append(folder)
+
+
+def check_importable(target: str, key: str) -> None:
+    """The module of a `_target_` can be found (without running it: a config error must answer
+    fast, and user code may import torch). Its attribute is looked up when it is built."""
+    module = target.rpartition(".")[0]
+    if not module:
+        raise ConfigError(f"{key}={target}: not a dotted path (module.name), e.g. my_models.Net")
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing or fails to import
+        found = False
+    if not found:
+        raise ConfigError(f"{key}={target}: cannot import {module}; {HINT}")
+
+
+def locate(target: str, key: str) -> Any:
+    """The object a `_target_` names, or a one-line ConfigError saying why it cannot be had."""
+    check_importable(target, key)
+    module_name, _, name = target.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # the user's module itself failed while importing
+        raise ConfigError(
+            f"{key}={target}: importing {module_name} failed: {type(error).__name__}: {error}"
+        ) from error
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise ConfigError(f"{key}={target}: {module_name} has no {name}") from None

@@ -1,0 +1,77 @@
+"""Image-folder runs as a user starts them: exact resume on another world size (augmentation
+and loader workers included), and torchvision's classifiers by name."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from scripts.make_coco_fixture import make_fixture, write_image_folder
+from tests.helpers import load_weights, max_abs_diff, train
+
+pytestmark = pytest.mark.slow  # every test here starts train.py
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The COCO fixture's labelled JPEGs in class folders, 28 train and 13 val, without its
+    truncated training JPEG: a step that drops a sample weighs each rank's mean equally under
+    ddp (README: Images), so no world size equals another on it."""
+    root = tmp_path_factory.mktemp("shapes")
+    write_image_folder(root / "coco", make_fixture(root / "coco"), root / "folder")
+    (root / "folder" / "train" / "red" / "000000000109.jpg").unlink()
+    return root / "folder"
+
+
+def _data(root: Path) -> list[str]:
+    return [
+        "model=resnet18",
+        "dataset=image_folder",
+        f"dataset.root={root}",
+        "dataset.image_size=32",
+        "optimizer=sgd",
+        # Small: ResNet-18 on 8 images a step is chaotic at larger rates (gradient norms ~100),
+        # where float rounding alone (ddp's sums in another order) grows past 1e-5 in steps.
+        "optimizer.lr=0.0003",
+        "trainer.log_every_n_steps=1",
+    ]
+
+
+@pytest.mark.timeout(500)
+def test_an_image_folder_run_resumed_on_another_world_size_equals_the_uninterrupted_run(
+    tmp_path: Path, shapes: Path
+) -> None:
+    """28 images at a global batch of 8: 3 steps an epoch, random crops and flips. Stopped at
+    step 4 (mid-epoch) as 2 ddp ranks x 4 with 2 loader workers each, resumed as one process x 8
+    without workers: the uninterrupted ddp run's weights (BatchNorm synchronised, so that 2 x 4
+    is 1 x 8)."""
+    common = _data(shapes)
+    ddp = ["strategy=ddp", "strategy.sync_batchnorm=true", "launcher.nproc_per_node=2",
+           "trainer.batch_size=4", "dataset.num_workers=2"]  # fmt: skip
+    single = ["strategy=single", "trainer.batch_size=8", "dataset.num_workers=0"]
+    train(tmp_path / "full", *common, *ddp, "trainer.max_steps=7", timeout=240)
+    train(tmp_path / "cut", *common, *ddp, "trainer.max_steps=4", timeout=240)
+    resumed = train(tmp_path / "cut", *common, *single, "trainer.max_steps=7", timeout=240)
+    assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
+    assert "resuming at sample" not in resumed.stdout  # the same global batch: same samples
+    assert max_abs_diff(load_weights(tmp_path / "full"), load_weights(tmp_path / "cut")) < 1e-5
+    # Without synchronised BatchNorm the same resume would not be the same run: a control that
+    # shows the check above can fail.
+    unsynced = [o for o in ddp if "sync_batchnorm" not in o]
+    train(tmp_path / "unsynced", *common, *unsynced, "trainer.max_steps=7", timeout=240)
+    assert max_abs_diff(load_weights(tmp_path / "full"), load_weights(tmp_path / "unsynced")) > 1e-4
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["mobilenet_v3_small", "efficientnet_b0"])
+def test_a_torchvision_classifier_by_name_trains(tmp_path: Path, shapes: Path, name: str) -> None:
+    common = [o for o in _data(shapes) if not o.startswith("model=")]
+    short = ["trainer.batch_size=4", "trainer.max_steps=2", "dataset.num_workers=0"]
+    result = train(tmp_path, *common, "model=torchvision", f"model.name={name}", *short)
+    assert "2 steps (trainer.max_steps" in result.stdout
+    assert "| step 2/2 |" in result.stdout
+    weights = load_weights(tmp_path)
+    assert any(v.shape[0] == 4 for k, v in weights.items() if k.endswith("weight"))  # 4 classes
+    shutil.rmtree(tmp_path / "checkpoints")  # large; nothing reads them
