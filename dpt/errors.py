@@ -116,6 +116,13 @@ def _omegaconf_line(error: OmegaConfBaseException) -> str:
         allowed = _fields(getattr(error, "object_type", None))
         hint = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
         return f"{key}: unknown key{hint}"
+    if "does not support deletion" in message:  # `~model.hidden_dims`: a built-in's schema key
+        group = key.split(".", 1)[0]
+        return (
+            f"{key}: a key of the built-in {group} option cannot be deleted; for your own "
+            f"{group}, give it a config file of its own (--config-dir DIR with "
+            f"DIR/{group}/<name>.yaml; README: Your own model and data)"
+        )
     return f"{key}: {message}"
 
 

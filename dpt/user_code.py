@@ -24,9 +24,11 @@ HINT = (
 
 
 def add_start_folder() -> None:
-    """In the launching process: the start folder on the import path, for it and its ranks."""
-    folders = os.environ.get(ENV) or os.getcwd()
-    os.environ[ENV] = folders
+    """In the launching process: the start folder on the import path, for it and its ranks
+    (first; folders an enclosing dpt process recorded follow it)."""
+    inherited = os.environ.get(ENV, "").split(os.pathsep)
+    folders = dict.fromkeys([os.getcwd(), *filter(None, inherited)])  # ordered, no repeats
+    os.environ[ENV] = os.pathsep.join(folders)
     add_recorded_folders()
 
 

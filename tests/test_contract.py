@@ -4,6 +4,7 @@ best model, and checkpoints written before the best model was a part."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ def test_user_code_is_found_in_the_start_folder_and_in_every_rank(
 ) -> None:
     (tmp_path / "my_models_abc.py").write_text("class Net:\n    pass\n")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv(user_code.ENV, raising=False)
+    monkeypatch.setenv(user_code.ENV, "/an/enclosing/run")  # restored after the test
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     with pytest.raises(ConfigError) as caught:
         user_code.check_importable("my_models_abc.Net", "model._target_")
@@ -100,7 +101,8 @@ def test_user_code_is_found_in_the_start_folder_and_in_every_rank(
         "from the folder it was started in and from PYTHONPATH (README: Your own model and data)"
     )
     user_code.add_start_folder()  # the launcher
-    assert sys.path[-1] == str(tmp_path)  # after everything else: it shadows nothing
+    assert sys.path[-2:] == [str(tmp_path), "/an/enclosing/run"]  # last: it shadows nothing
+    assert os.environ[user_code.ENV] == os.pathsep.join([str(tmp_path), "/an/enclosing/run"])
     assert user_code.locate("my_models_abc.Net", "model._target_").__name__ == "Net"
     sys.path.remove(str(tmp_path))
     user_code.add_recorded_folders()  # a rank, from the recorded environment
