@@ -5,25 +5,22 @@ so OmegaConf rejects an unknown key or a value of the wrong type while Hydra com
 Each default lives in one place: a group option's values in its YAML file (the schemas of groups
 give types only, `???` until the YAML fills them), `trainer` and `checkpoint`, which have no YAML,
 here. Builders take what the config gives them, without defaults of their own.
-Ranges that a type cannot express (`trainer.batch_size=0`) are checked by `validate`, which runs
-from a Hydra callback before Hydra makes the run folder.
+Ranges that a type cannot express (`trainer.batch_size=0`) are checked by
+`dpt.launch.validate`, which runs from a Hydra callback before Hydra makes the run folder.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
 from hydra.errors import InstantiationException
-from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from dpt.errors import ConfigError, DptError, one_line
+from dpt.errors import DptError, one_line
 
 
 @dataclass
@@ -61,7 +58,7 @@ class CheckpointConfig:
     # metric (trainer.early_stopping.metric and .mode); needs validation, else nothing is kept.
     save_best: bool = True
     # Refuse to resume a checkpoint written under another seed, data, model or optimizer kind
-    # (dpt/resume_config.py); false: say so, and resume anyway.
+    # (dpt/state/resume_config.py); false: say so, and resume anyway.
     strict: bool = True
 
 
@@ -151,20 +148,20 @@ class FakeImagesConfig:
 
 @dataclass
 class SingleConfig:
-    _target_: str = "dpt.strategy.Single"
+    _target_: str = "dpt.loop.strategy.Single"
     distributed: ClassVar[bool] = False
 
 
 @dataclass
 class DPConfig:
-    _target_: str = "dpt.strategy.DataParallel"
+    _target_: str = "dpt.loop.strategy.DataParallel"
     distributed: ClassVar[bool] = False
     device_ids: list[int] | None = MISSING  # null = every visible GPU
 
 
 @dataclass
 class DDPConfig:
-    _target_: str = "dpt.strategy.DDP"
+    _target_: str = "dpt.loop.strategy.DDP"
     distributed: ClassVar[bool] = True
     bucket_cap_mb: float = MISSING
     gradient_as_bucket_view: bool = MISSING
@@ -176,7 +173,7 @@ class DDPConfig:
 
 @dataclass
 class FSDPConfig:
-    _target_: str = "dpt.strategy.FSDP"
+    _target_: str = "dpt.loop.strategy.FSDP"
     distributed: ClassVar[bool] = True
     reshard_after_forward: bool = MISSING
     cpu_offload: bool = MISSING
@@ -186,7 +183,7 @@ class FSDPConfig:
 
 @dataclass
 class LocalLauncherConfig:
-    _target_: str = "dpt.launch.LocalLauncher"
+    _target_: str = "dpt.launch.launchers.LocalLauncher"
     # A string so that both `auto` and a number fit; `validate` checks it.
     nproc_per_node: str = MISSING
     max_restarts: int = MISSING
@@ -194,7 +191,7 @@ class LocalLauncherConfig:
 
 @dataclass
 class TorchrunLauncherConfig:
-    _target_: str = "dpt.launch.TorchrunLauncher"
+    _target_: str = "dpt.launch.launchers.TorchrunLauncher"
 
 
 @dataclass
@@ -202,7 +199,7 @@ class SlurmLauncherConfig:
     """One SLURM job per multirun job, one task per rank (conf/launcher/slurm.yaml passes these
     to Hydra's submitit launcher). They size the allocation of the whole sweep: not sweepable."""
 
-    _target_: str = "dpt.launch.SlurmLauncher"
+    _target_: str = "dpt.launch.launchers.SlurmLauncher"
     nodes: int = MISSING
     tasks_per_node: int = MISSING  # = ranks per node
     gpus_per_node: int | None = MISSING
@@ -245,13 +242,13 @@ class SGDConfig:
 
 @dataclass
 class ConstantScheduleConfig:
-    _target_: str = "dpt.schedulers.constant"
+    _target_: str = "dpt.loop.schedulers.constant"
     _partial_: bool = True
 
 
 @dataclass
 class WarmupCosineConfig:
-    _target_: str = "dpt.schedulers.warmup_cosine"
+    _target_: str = "dpt.loop.schedulers.warmup_cosine"
     _partial_: bool = True
     warmup_steps: int = MISSING
     min_lr: float = MISSING
@@ -259,7 +256,7 @@ class WarmupCosineConfig:
 
 @dataclass
 class StepScheduleConfig:
-    _target_: str = "dpt.schedulers.step"
+    _target_: str = "dpt.loop.schedulers.step"
     _partial_: bool = True
     step_size: int = MISSING
     gamma: float = MISSING
@@ -374,236 +371,8 @@ PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 COMM_HOOK_NAMES = ("bf16", "fp16")
 # `strategy.reduce_dtype` of fsdp: bf16 halves the reduce-scatter's bytes, fp32 sums exactly.
 REDUCE_DTYPES = ("fp32", "bf16")
-# What validation reports (dpt/evaluate.py); `val/acc5` needs 5 classes or more. `val/samples`
+# What validation reports (dpt/loop/evaluate.py); `val/acc5` needs 5 classes or more. `val/samples`
 # is reported too, but it counts samples: not a metric to stop on.
 VAL_METRICS = ("val/loss", "val/acc1", "val/acc5")
 # numpy's legacy seeding (np.random.seed in every worker) takes 0 .. 2**32 - 1.
 MAX_SEED = 2**32 - 1
-
-
-def _check(ok: bool, key: str, value: Any, requirement: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value}: {requirement}")
-
-
-def _check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
-    _check(value in allowed, key, value, f"must be one of {', '.join(allowed)}")
-
-
-def parse_nproc(value: str) -> int | None:
-    """`auto` -> None; a positive integer -> itself; anything else -> ConfigError."""
-    if value == "auto":
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigError(
-            f"launcher.nproc_per_node={value}: expected 'auto' or a whole number >= 1"
-        )
-    return int(value)
-
-
-def validate(cfg: DictConfig) -> None:
-    """Reject out-of-range values with a one-line message that names the key."""
-    _check_required(cfg)
-    _check_known_keys(cfg)
-    _validate_trainer(cfg.trainer)
-    _validate_checkpoint(cfg.checkpoint)
-    _validate_group(cfg.scheduler, "scheduler", SCHEDULER_MINIMUMS)
-    _validate_group(cfg.dataset, "dataset", DATASET_MINIMUMS)
-    _validate_dataset_choices(cfg.dataset)
-    _validate_early_stopping(cfg.trainer.early_stopping, cfg.dataset)
-    _validate_optimizer(cfg.optimizer)
-    _validate_model(cfg.model)
-    _validate_user_targets(cfg)
-    if "nproc_per_node" in cfg.launcher:
-        parse_nproc(cfg.launcher.nproc_per_node)
-    _validate_group(cfg.launcher, "launcher", {"max_restarts": 0})
-    _validate_slurm(cfg)
-    _validate_group(cfg.strategy, "strategy", {"bucket_cap_mb": 1e-3})
-    if cfg.strategy.get("comm_hook") is not None:
-        _check_choice("strategy.comm_hook", cfg.strategy.comm_hook, COMM_HOOK_NAMES)
-    if OmegaConf.get_type(cfg.strategy) is FSDPConfig:
-        _validate_fsdp(cfg.strategy, cfg.trainer)
-
-
-def _validate_model(model: DictConfig) -> None:
-    """What a builder would refuse once the ranks run, said before any process starts."""
-    for dim in model.get("hidden_dims", None) or []:
-        _check(dim >= 1, "model.hidden_dims", list(model.hidden_dims), "every width must be >= 1")
-    schema = OmegaConf.get_type(model)
-    if schema is ResNetConfig:
-        _check_choice("model.arch", model.arch, RESNET_ARCHS)
-    elif schema is TorchvisionModelConfig:
-        from dpt.models.classifiers import check_name  # imports torchvision: only for this model
-
-        check_name(model.name)
-    if model.get("weights"):
-        weights = Path(model.weights)
-        _check(weights.is_file(), "model.weights", model.weights, "file not found")
-
-
-# dpt's own targets and the libraries it names: found without importing them here.
-OWN_TARGETS = ("dpt.", "torch.", "torchvision.", "hydra_plugins.")
-
-
-def _validate_user_targets(cfg: DictConfig) -> None:
-    """A user's `_target_` whose module cannot be found: one line now, not a failed rank later."""
-    from dpt.user_code import check_importable
-
-    for group in ("model", "dataset"):
-        target = cfg[group].get("_target_")
-        if isinstance(target, str) and not target.startswith(OWN_TARGETS):
-            check_importable(target, f"{group}._target_")
-
-
-def _validate_fsdp(strategy: DictConfig, trainer: DictConfig) -> None:
-    _check_choice("strategy.reduce_dtype", strategy.reduce_dtype, REDUCE_DTYPES)
-    # GradScaler's overflow check sees only this rank's gradient shards: ranks could disagree on
-    # skipping a step, and their shards of the model would drift apart.
-    _check(trainer.precision != "16-mixed", "trainer.precision", trainer.precision,
-           "not supported with strategy=fsdp; use bf16-mixed")  # fmt: skip
-
-
-SCHEDULER_MINIMUMS = {"warmup_steps": 0, "min_lr": 0.0, "step_size": 1, "gamma": 0.0}
-DATASET_MINIMUMS = {"num_samples": 1, "input_dim": 1, "num_classes": 2, "num_workers": 0,
-                    "num_val_samples": 0, "image_size": 16}  # fmt: skip
-
-
-def _validate_trainer(t: DictConfig) -> None:
-    _check(t.epochs >= 1, "trainer.epochs", t.epochs, "must be >= 1")
-    _check(t.max_steps is None or t.max_steps >= 1, "trainer.max_steps", t.max_steps,
-           "must be >= 1 or null (run all epochs)")  # fmt: skip
-    _check(t.batch_size >= 1, "trainer.batch_size", t.batch_size, "must be >= 1")
-    _check(t.log_every_n_steps >= 1, "trainer.log_every_n_steps", t.log_every_n_steps,
-           "must be >= 1")  # fmt: skip
-    _check(0 <= t.seed <= MAX_SEED, "trainer.seed", t.seed,
-           f"must be >= 0 and <= {MAX_SEED} (2**32 - 1, numpy's seed range)")  # fmt: skip
-    _check_choice("trainer.device", t.device, DEVICES)
-    _check(t.timeout_s > 0, "trainer.timeout_s", t.timeout_s, "must be > 0")
-    _check_choice("trainer.precision", t.precision, PRECISIONS)
-    _check(t.grad_accum_steps >= 1, "trainer.grad_accum_steps", t.grad_accum_steps, "must be >= 1")
-    _check(t.grad_clip_norm is None or t.grad_clip_norm > 0, "trainer.grad_clip_norm",
-           t.grad_clip_norm, "must be > 0 or null (no clipping)")  # fmt: skip
-    _check_choice("trainer.on_nonfinite", t.on_nonfinite, ("error", "skip"))
-    es = t.early_stopping
-    _check_choice("trainer.early_stopping.mode", es.mode, ("min", "max"))
-    _check(es.patience is None or es.patience >= 1, "trainer.early_stopping.patience",
-           es.patience, "must be >= 1 or null (off)")  # fmt: skip
-
-
-def _validate_early_stopping(es: DictConfig, dataset: DictConfig) -> None:
-    """The metric must be one validation reports for this dataset, and there must be validation
-    at all when early stopping is on (otherwise the first epoch end would fail)."""
-    _check_choice("trainer.early_stopping.metric", es.metric, VAL_METRICS)
-    if es.patience is None:
-        return  # off: the metric is never read
-    no_val = _no_validation(dataset)
-    _check(no_val is None, "trainer.early_stopping.patience", es.patience,
-           f"early stopping needs validation metrics, and {no_val} gives none")  # fmt: skip
-    classes = dataset.get("num_classes")  # COCO's count is only known from its annotation file
-    _check(es.metric != "val/acc5" or classes is None or classes >= 5,
-           "trainer.early_stopping.metric", es.metric,
-           f"needs dataset.num_classes >= 5 (it is {classes}); use val/acc1")  # fmt: skip
-
-
-def _no_validation(dataset: DictConfig) -> str | None:
-    """The setting that leaves this dataset without a validation split, or None."""
-    if dataset.get("num_val_samples", 1) == 0:
-        return "dataset.num_val_samples=0"
-    if dataset.get("val_fraction", None) == 0 and not (Path(dataset.root) / "val").is_dir():
-        return "dataset.val_fraction=0 (with no <root>/val folder)"
-    if "val_split" in dataset and dataset.val_split is None:
-        return "dataset.val_split=null"
-    return None
-
-
-def _validate_optimizer(opt: DictConfig) -> None:
-    """What torch's optimizers check in their constructors, reported before any rank starts."""
-    _validate_group(opt, "optimizer", {"lr": 0.0, "weight_decay": 0.0, "momentum": 0.0})
-    if "betas" in opt:
-        betas = list(opt.betas)
-        _check(len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas), "optimizer.betas", betas,
-               "must be two numbers [beta1, beta2], each >= 0 and < 1")  # fmt: skip
-    if opt.get("nesterov"):
-        _check(opt.momentum > 0, "optimizer.nesterov", "true",
-               f"needs optimizer.momentum > 0 (it is {opt.momentum:g})")  # fmt: skip
-
-
-def _validate_checkpoint(ck: DictConfig) -> None:
-    if ck.resume not in (None, "auto"):  # fail before any worker starts
-        path = Path(ck.resume)
-        _check(path.exists(), "checkpoint.resume", ck.resume, "folder not found")
-        _check(path.is_dir(), "checkpoint.resume", ck.resume,
-               "not a checkpoint folder (<run>/checkpoints/step-<8 digits>)")  # fmt: skip
-    _check(ck.every_n_steps is None or ck.every_n_steps >= 1, "checkpoint.every_n_steps",
-           ck.every_n_steps, "must be >= 1 or null (only at epoch ends)")  # fmt: skip
-    _check(ck.keep >= 1, "checkpoint.keep", ck.keep, "must be >= 1")
-
-
-def _validate_dataset_choices(dataset: DictConfig) -> None:
-    for key, allowed in (
-        ("label_policy", ("first", "largest")),
-        ("on_bad_image", ("skip", "error")),
-    ):
-        if key in dataset:
-            _check(
-                dataset[key] in allowed,
-                f"dataset.{key}",
-                dataset[key],
-                f"must be one of {', '.join(allowed)}",
-            )
-    if "root" in dataset:
-        root = dataset.root
-        _check(Path(root).is_dir(), "dataset.root", root, "folder not found")
-    if OmegaConf.get_type(dataset) is ImageFolderConfig:
-        from dpt.data.folder_layout import check_layout  # no torch: a bad layout answers fast
-
-        check_layout(dataset.root, dataset.val_fraction)
-
-
-def _validate_slurm(cfg: DictConfig) -> None:
-    if OmegaConf.get_type(cfg.launcher) is not SlurmLauncherConfig:
-        return
-    _validate_group(
-        cfg.launcher,
-        "launcher",
-        {"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 1},
-    )
-    _validate_group(cfg.launcher, "launcher", {"time": 1, "max_num_timeout": 0})
-    # `python train.py launcher=slurm` (no -m) would train right here, not on the cluster.
-    if OmegaConf.select(cfg, "hydra.mode") == RunMode.RUN:
-        raise ConfigError(
-            "launcher=slurm submits jobs through Hydra's multirun: add -m "
-            "(python train.py -m launcher=slurm ...)"
-        )
-
-
-def _check_required(cfg: DictConfig) -> None:
-    """`???` values the user must set (e.g. dataset.root); Hydra's own node is not ours."""
-    for group in cfg:
-        node = cfg[group]
-        if group == "hydra" or not isinstance(node, DictConfig):
-            continue
-        missing = sorted(OmegaConf.missing_keys(node))
-        if missing:
-            key = missing[0]  # already the full key
-            raise ConfigError(f"{key}: required, set it with {key}=...")
-
-
-def _check_known_keys(cfg: DictConfig) -> None:
-    """`+trainer.typo=1` slips past the schema (`+` may add keys); an unused key is still a typo."""
-    groups = ("trainer", "checkpoint", *SCHEMAS)
-    for path, node in [("", cfg), *((f"{name}.", cfg[name]) for name in groups)]:
-        schema = OmegaConf.get_type(node)
-        if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
-            continue
-        allowed = [f.name for f in dataclasses.fields(schema)]
-        for key in node:
-            if key not in allowed and key != "hydra":
-                names = ", ".join(a for a in allowed if not a.startswith("_"))
-                raise ConfigError(f"{path}{key}: unknown key; allowed keys: {names}")
-
-
-def _validate_group(node: DictConfig, group: str, minimums: dict[str, float]) -> None:
-    for key, minimum in minimums.items():
-        if key in node and node[key] is not None:
-            _check(node[key] >= minimum, f"{group}.{key}", node[key], f"must be >= {minimum:g}")

@@ -116,7 +116,7 @@ def destroy_process_group() -> None:
 def all_gather_floats(values: list[float], env: DistEnv) -> list[list[float]]:
     """Every rank's list of floats, on every rank: one small collective (CPU, over Gloo).
 
-    The one collective of the training loop besides the gradients: `dpt.agreement` sends the
+    The one collective of the training loop besides the gradients: `dpt.loop.agreement` sends the
     non-finite and stop flags and the metrics window through it once per logging window.
     """
     if not dist.is_initialized():

@@ -20,7 +20,7 @@ class ConfigError(DptError):
 
 
 class Abort(BaseException):
-    """Carries a DptError past Hydra's own handling, to be printed as one line by `dpt.cli`.
+    """Carries a DptError past Hydra's own handling, to be printed as one line by `dpt.launch.cli`.
 
     Hydra turns an `Exception` raised by a callback into a warning and runs the job anyway, and
     prefixes a failed job's error with a line of its own; a `BaseException` passes through both.

@@ -39,9 +39,42 @@ def add_recorded_folders() -> None:
             sys.path.append(folder)
 
 
+# dpt's own modules that `_target_`s name, before they moved into the package's parts (dpt/launch,
+# dpt/loop, ...): old module -> new module.
+MOVED_MODULES = {
+    "dpt.strategy": "dpt.loop.strategy",
+    "dpt.schedulers": "dpt.loop.schedulers",
+    "dpt.launch": "dpt.launch.launchers",
+    "dpt.hydra_callbacks": "dpt.launch.hydra_callbacks",
+    "dpt.sweep": "dpt.launch.sweep",
+}
+
+
+def moved_to(target: str) -> str | None:
+    """Where a `_target_` of dpt's earlier flat layout lives now; None for any other path."""
+    module, _, name = target.rpartition(".")
+    new = MOVED_MODULES.get(module)
+    return f"{new}.{name}" if new else None
+
+
+def current_target(target: str) -> str:
+    """`target` as this layout names it (checkpoints written before the move compare equal)."""
+    return moved_to(target) or target
+
+
+def check_moved(target: str, key: str) -> None:
+    new = moved_to(target)
+    if new is not None:
+        raise ConfigError(
+            f"{key}={target}: that path is {new} now (dpt's modules moved into parts); "
+            f"write {key}={new}"
+        )
+
+
 def check_importable(target: str, key: str) -> None:
     """The module of a `_target_` can be found (without running it: a config error must answer
     fast, and user code may import torch). Its attribute is looked up when it is built."""
+    check_moved(target, key)
     module = target.rpartition(".")[0]
     if not module:
         raise ConfigError(f"{key}={target}: not a dotted path (module.name), e.g. my_models.Net")

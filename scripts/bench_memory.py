@@ -2,10 +2,11 @@
 
 An MLP of about 105 M parameters (1024 -> 7 x 4096 -> 10) trained with Adam on N CPU ranks over
 Gloo, wrapped by dpt's own strategies with their YAML defaults. Per rank: the bytes of parameters,
-gradients and optimizer state that the rank holds (`dpt.memory.MemoryUse`, what the metrics log as
-`memory/*_mb`), and the process's peak resident memory; per world: samples/s over timed steps,
-ddp and fsdp alternated round by round. Its section of docs/performance.md sits between two
-markers and is replaced alone, so `--sections memory` leaves the rest of the report as it was.
+gradients and optimizer state that the rank holds (`dpt.observe.memory.MemoryUse`, what the
+metrics log as `memory/*_mb`), and the process's peak resident memory; per world: samples/s
+over timed steps, ddp and fsdp alternated round by round. Its section of docs/performance.md
+sits between two markers and is replaced alone, so `--sections memory` leaves the rest of the
+report as it was.
 
     python scripts/bench.py --sections memory --world-sizes 2,4
 """
@@ -28,13 +29,13 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from bench_common import Stat, md_table, paired_ratios
 
-from dpt.cli import compose_from_argv
 from dpt.config import build
 from dpt.distributed import destroy_process_group as dpt_destroy
 from dpt.distributed import env_from_environment, init_process_group
-from dpt.launch import restored_environ
-from dpt.memory import MemoryUse
+from dpt.launch.cli import compose_from_argv
+from dpt.launch.launchers import restored_environ
 from dpt.models.mlp import MLP
+from dpt.observe.memory import MemoryUse
 from dpt.rendezvous import loopback_store
 
 INPUT_DIM, HIDDEN, CLASSES = 1024, [4096] * 7, 10

@@ -14,7 +14,7 @@ import torch
 import torchvision
 from bench_common import Stat, md_table
 
-from dpt import allocator
+from dpt.launch import allocator
 
 PLOTS = {
     "throughput": "perf_throughput.png",
@@ -226,7 +226,7 @@ def _loops(results: dict[str, Any], plots: dict[str, str]) -> str:
         "log line); start-up and warmup are left out. *all steps*: the ratio over the whole "
         "timed span instead, epoch boundaries included (more exposed to other processes' load). "
         "dpt runs with `checkpoint.enabled=false dataset.num_val_samples=0`. Both loops run "
-        "with the heap settings dpt gives its ranks (`dpt/allocator.py`), passed to both as "
+        "with the heap settings dpt gives its ranks (`dpt/launch/allocator.py`), passed to both as "
         f"glibc's variables ({heap}), so that a ratio measures the loops, not where glibc's "
         "adaptive thresholds happened to settle in each process (the next table). "
         f"Workloads: {describe}. *loss gap*: the largest difference between the two loops of "
@@ -508,10 +508,11 @@ def _findings(results: dict[str, Any]) -> str:
             f"{costs['agree_us'].median:.0f} us to read the window's losses back (one stack, "
             "one `.tolist()`; the non-finite check is done on those floats) and agree, and "
             f"{costs['agreed_us'].median:.0f} us in `MetricsLogger.agreed`. Windows shorter "
-            "than `dpt.agreement.SPACING_S` (50 ms of training) share one agreement, so the "
+            "than `dpt.loop.agreement.SPACING_S` (50 ms of training) share one agreement, so the "
             "first part is paid once per 50 ms at most. A written window is one TensorBoard "
             "event for the rank's tags and one for the world's (held, then framed and written "
-            "in bulk about once a second by dpt/event_file.py with a compiled CRC-32C: ~9 us an "
+            "in bulk about once a second by dpt/observe/event_file.py with a compiled CRC-32C: "
+            "~9 us an "
             "event in a tight loop; TensorBoard's own writer took 50-85 us, in a thread that "
             "held the interpreter for a pure-Python CRC), and a console line; the plain loop "
             "reads one number and prints a line;\n"
@@ -535,7 +536,8 @@ def _findings(results: dict[str, Any]) -> str:
             "under 1 and spread: (1) the heap: on glibc's adaptive defaults a run settled at "
             "0.9 to 1.4 million page faults and ran up to 9 % faster or slower than the last "
             "one, dpt mostly at the slow end (the out-of-the-box table in section 1); with "
-            "fixed thresholds (dpt/allocator.py, given to both loops here) ~0.16 million faults, "
+            "fixed thresholds (dpt/launch/allocator.py, given to both loops here) ~0.16 million "
+            "faults, "
             "~10 % faster, runs within ~2 %. (2) torchvision's FakeData reseeds torch's global "
             "generator for every image, and on a torch built for CUDA that queues CUDA's "
             "seeding with a formatted copy of the call stack, ~5 us a frame: ~0.2 ms an image "
@@ -551,10 +553,10 @@ def _findings(results: dict[str, Any]) -> str:
             "(~1.25 s). On top, dpt imports Hydra, OmegaConf and its CLI (~0.2 s) and composes "
             "the config once (~0.13 s): `@hydra.main` would compose it a second time first, "
             "only to read `hydra.mode` (`Hydra.get_mode`), which none of dpt's configs sets; "
-            "dpt/hydra_run.py skips that probe when nothing else can be in play. Its own "
+            "dpt/launch/hydra_run.py skips that probe when nothing else can be in play. Its own "
             "modules, the parts and the run folder take ~0.1 s. TensorBoard, HPARAMS' protos, "
             "tqdm and the checkpoint machinery (DCP) are imported only when first used, after "
-            "the first step. Under ddp the ranks fork from a server (dpt/fork_server.py, "
+            "the first step. Under ddp the ranks fork from a server (dpt/launch/fork_server.py, "
             "Python's `forkserver`) that imports torch, torch._dynamo and dpt once, started "
             "before the launcher imports torch, so the ranks' imports run beside the "
             "launcher's; the plain loop's `torch.multiprocessing.spawn` imports torch in the "

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench_common import FIRST_STEP_ENV, REPO, Stat, paired_ratios
 
-from dpt import allocator
+from dpt.launch import allocator
 
 LOG_RARELY = 10**6  # `trainer.log_every_n_steps` that never triggers inside a run
 FIRST_STEP_FILE = "first_step.txt"  # where bench_train.py stamps dpt's first optimizer step
@@ -291,7 +291,7 @@ def loop_ratio_row(results: Results, plain: Job, dpt: Job) -> dict[str, object]:
     )
     return {
         "model": dpt.work.model,
-        "strategy": dpt.strategy,
+        "strategy": dpt.loop.strategy,
         "world": dpt.world,
         "batch": dpt.work.batch_size,
         "log_every": dpt.work.log_every,
@@ -334,7 +334,7 @@ def startup_row(results: Results, pairs: Sequence[tuple[Job, Job]]) -> dict[str,
     d = [r.first_step_s() for _, dpt in pairs for r in results[dpt]]
     dpt = pairs[0][1]
     return {
-        "strategy": dpt.strategy,
+        "strategy": dpt.loop.strategy,
         "world": dpt.world,
         "plain": Stat.of(p),
         "dpt": Stat.of(d),
@@ -379,7 +379,7 @@ def marginal_row(
     p, d = per_step_ms(short[0], long[0]), per_step_ms(short[1], long[1])
     dpt = short[1]
     return {
-        "strategy": dpt.strategy,
+        "strategy": dpt.loop.strategy,
         "world": dpt.world,
         "steps": (short[0].work.steps, long[0].work.steps),
         "log_every": dpt.work.log_every,

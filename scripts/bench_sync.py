@@ -17,7 +17,7 @@ every step `MetricsLogger.record` (no device op, no wait); for one agreement per
 `Agreement.agree` with `MetricsLogger.payload()` (one read-back from the device and the one
 `all_gather`) and `MetricsLogger.agreed` (TensorBoard scalars, a log line); and whole windows of
 1, 10 and 50 steps, per step, at the loop's own cadence (agreements spaced by
-`dpt.agreement.SPACING_S`: with these instant steps, one per `MAX_WINDOWS` windows), timed over
+`dpt.loop.agreement.SPACING_S`: with these instant steps, one per `MAX_WINDOWS` windows), timed over
 blocks of `MAX_WINDOWS` windows, so that each block holds one agreement and all its writing.
 """
 
@@ -47,20 +47,20 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from dpt.agreement import MAX_WINDOWS, Agreement
-from dpt.cli import compose_from_argv
 from dpt.data.loaders import build_loaders
 from dpt.data.synthetic import SyntheticData
 from dpt.distributed import DistEnv, env_from_environment, init_process_group
 from dpt.distributed import destroy_process_group as dpt_destroy
-from dpt.interrupt import StopRequest
-from dpt.launch import restored_environ
-from dpt.logs import setup_logging
-from dpt.metrics import MetricsLogger
+from dpt.launch.cli import compose_from_argv
+from dpt.launch.launchers import restored_environ
+from dpt.loop.agreement import MAX_WINDOWS, Agreement
+from dpt.loop.interrupt import StopRequest
+from dpt.loop.strategy import DDP
 from dpt.models.mlp import MLP
 from dpt.models.resnet import resnet
+from dpt.observe.logs import setup_logging
+from dpt.observe.metrics import MetricsLogger
 from dpt.rendezvous import loopback_store
-from dpt.strategy import DDP
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,7 @@ class LoopCalls:
     """The calls `Trainer.train_step` makes besides the training, on one rank's agreement and
     metrics, with the arguments the loop passes (a loss left as the device made it, no gradient
     norm: trainer.grad_clip_norm=null). `spacing_s`: the agreements' least spacing (None: the
-    loop's, `dpt.agreement.SPACING_S`; 0: one agreement per window)."""
+    loop's, `dpt.loop.agreement.SPACING_S`; 0: one agreement per window)."""
 
     def __init__(self, env: DistEnv, run_dir: Path, every: int, spacing_s: float | None) -> None:
         self.every = every

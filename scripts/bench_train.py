@@ -43,8 +43,9 @@ def stamp_first_step() -> None:
 def main() -> None:
     import hydra
 
-    from dpt.cli import CONFIG_NAME, CONFIG_PATH, run, task
     from dpt.config import is_distributed
+    from dpt.launch.cli import run, task
+    from dpt.launch.hydra_run import CONFIG_NAME, CONFIG_PATH
 
     @hydra.main(config_path=CONFIG_PATH, config_name=CONFIG_NAME, version_base="1.3")
     def bench_main(cfg: Any) -> Any:

@@ -232,7 +232,7 @@ def compose(*overrides: str) -> Any:
     often as needed: Hydra's global state is cleared before and after, for the next test)."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from dpt.cli import compose_from_argv
+    from dpt.launch.cli import compose_from_argv
 
     GlobalHydra.instance().clear()
     try:
@@ -277,8 +277,8 @@ def joined_world(rank: int, world: int, port: int) -> Iterator[Any]:
 
 def build_trainer(run_dir: Path, env: Any, *overrides: str) -> Any:
     """A Trainer built as a rank builds it, from `train.py`'s config with these overrides."""
-    from dpt.parts import RunConfig, build_parts
-    from dpt.trainer import Trainer
+    from dpt.loop.parts import RunConfig, build_parts
+    from dpt.loop.trainer import Trainer
 
     cfg = RunConfig.of(compose(*overrides))
     return Trainer(build_parts(cfg, env, run_dir, run_dir / f"rank{env.rank}.log"))

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from dpt import allocator
+from dpt.launch import allocator
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.skipif(
@@ -65,7 +65,7 @@ def test_glibc_alone_maps_the_block_and_gives_it_back() -> None:
 
 @pytest.mark.timeout(60)
 def test_the_block_comes_from_the_heap_and_stays_there() -> None:
-    seen = probe("from dpt import allocator; SET = allocator.keep_freed_memory()")
+    seen = probe("from dpt.launch import allocator; SET = allocator.keep_freed_memory()")
     assert seen["set"] is True and seen["mapped"] == 0
     assert seen["kept"] >= BLOCK
 
@@ -73,7 +73,7 @@ def test_the_block_comes_from_the_heap_and_stays_there() -> None:
 @pytest.mark.timeout(60)
 def test_glibc_variables_the_user_set_win() -> None:
     seen = probe(
-        "from dpt import allocator; SET = allocator.keep_freed_memory()",
+        "from dpt.launch import allocator; SET = allocator.keep_freed_memory()",
         MALLOC_MMAP_THRESHOLD_="131072",
     )
     assert seen["set"] is False and seen["mapped"] >= BLOCK and seen["kept"] < BLOCK
@@ -104,7 +104,7 @@ def test_a_rank_trains_with_the_heap_kept() -> None:
     run = """
 import tempfile
 from omegaconf import OmegaConf
-from dpt import launch
+from dpt.launch import launchers as launch
 from tests.helpers import compose
 cfg = compose("trainer.max_steps=2", "dataset.num_val_samples=0", "checkpoint.enabled=false")
 SET = launch.run_worker(OmegaConf.to_container(cfg, resolve=True), tempfile.mkdtemp())["steps"]

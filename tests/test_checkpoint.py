@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from dpt.checkpoint import MARKER, CheckpointError, Checkpoints, committed, strays
 from dpt.distributed import DistEnv
-from dpt.state import PlainState, Progress
+from dpt.state.checkpoint import MARKER, CheckpointError, Checkpoints, committed, strays
+from dpt.state.stateful import PlainState, Progress
 
 CPU1 = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
 

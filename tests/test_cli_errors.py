@@ -84,5 +84,5 @@ def test_hydra_full_error_keeps_the_traceback(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_cfg_job_prints_the_config(tmp_path: Path) -> None:
     result = train(None, "--cfg", "job", "strategy=ddp", "trainer.batch_size=16", timeout=60)
-    assert "_target_: dpt.strategy.DDP" in result.stdout
+    assert "_target_: dpt.loop.strategy.DDP" in result.stdout
     assert "batch_size: 16" in result.stdout

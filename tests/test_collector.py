@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from dpt import collector, launch
-from dpt.trainer import Trainer
+from dpt.launch import collector
+from dpt.launch import launchers as launch
+from dpt.loop.trainer import Trainer
 from tests.helpers import compose
 
 
@@ -75,7 +76,7 @@ def test_a_rank_trains_with_start_up_frozen_and_ends_with_collection_on(
         seen["enabled_while_building"] = gc.isenabled()
         return build_parts(*args)
 
-    from dpt import worker
+    from dpt.launch import worker
 
     build_parts = worker.build_parts
     monkeypatch.setattr(Trainer, "fit", observed)

@@ -15,15 +15,16 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 from torch import nn
 
-from dpt import checkpoint, user_code
-from dpt.best_model import BestModel
+from dpt import user_code
 from dpt.config import build
 from dpt.contract import class_names, model_kwargs
 from dpt.distributed import DistEnv
 from dpt.errors import ConfigError, DptError, one_line
+from dpt.loop.parts import RunConfig, planned_steps, run_length
 from dpt.models import build_model
-from dpt.parts import RunConfig, planned_steps, run_length
-from dpt.state import PlainState
+from dpt.state import checkpoint
+from dpt.state.best_model import BestModel
+from dpt.state.stateful import PlainState
 from tests.helpers import compose
 
 CPU1 = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))

@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from dpt.data.images import train_transform
 from dpt.data.loaders import InMemoryDataset, Loaders, build_loaders, epoch_order
+from dpt.data.position import DataPosition
 from dpt.data.seeded import SeededSamples
 from dpt.distributed import DistEnv
-from dpt.state import DataPosition
 
 SIZE, SEED = 1000, 7  # 1000 is no multiple of the global batches below: a remainder each epoch
 

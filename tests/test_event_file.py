@@ -1,5 +1,5 @@
-"""dpt's TensorBoard event files (dpt/event_file.py) read as TensorBoard reads its own: every
-record's checksums pass TensorBoard's reader, scalars and summaries come back, and a resumed
+"""dpt's TensorBoard event files (dpt/observe/event_file.py) read as TensorBoard reads its own:
+every record's checksums pass TensorBoard's reader, scalars and summaries come back, and a resumed
 run's purge step hides what an earlier run wrote past it."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
-from dpt import event_file
-from dpt.event_file import EventFile, scalars_event
+from dpt.observe import event_file
+from dpt.observe.event_file import EventFile, scalars_event
 
 
 def test_the_checksum_is_tensorboards() -> None:

@@ -11,14 +11,14 @@ import pytest
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from dpt.cli import launcher_prefix
+from dpt.launch.cli import launcher_prefix
 from tests.helpers import REPO
 
 # Runs dpt's entry point in a fresh interpreter and reports, after it exits, whether torch was
 # ever imported (sys.modules keeps every module imported so far).
 PROBE = """
 import sys
-from dpt.cli import main
+from dpt.launch.cli import main
 sys.argv = ["dpt", *sys.argv[1:]]
 try:
     main()

@@ -11,8 +11,8 @@ from hydra import compose, initialize_config_module
 
 from dpt.config import cpu_cores, register_configs
 from dpt.errors import DptError
-from dpt.launch import MAX_PROCESSES_PER_CORE, check_cpu_processes
-from dpt.schedulers import warmup_cosine
+from dpt.launch.launchers import MAX_PROCESSES_PER_CORE, check_cpu_processes
+from dpt.loop.schedulers import warmup_cosine
 
 
 def _dataset(option: str, *overrides: str) -> dict[str, object]:

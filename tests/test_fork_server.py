@@ -1,5 +1,5 @@
 """The ranks of a local world fork from a server that imported torch and dpt while the launcher
-went on (dpt/fork_server.py)."""
+went on (dpt/launch/fork_server.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dpt import fork_server
+from dpt.launch import fork_server
 from tests.helpers import REPO
 
 # In a fresh interpreter: start the server (or keep it, if the environment is the same), then
@@ -23,7 +23,7 @@ LAUNCH_ONE = """
 import json, multiprocessing, os, sys
 
 def launch_one(rank):
-    from dpt import fork_server
+    from dpt.launch import fork_server
     fork_server.start()
     launcher_torch = "torch" in sys.modules
     context = multiprocessing.get_context(fork_server.START_METHOD)
@@ -41,13 +41,15 @@ PROBE = (
     + """
 def rank(queue):
     queue.put({
-        "preloaded": [m for m in ("torch", "torch._dynamo", "dpt.worker") if m in sys.modules],
+        "preloaded": [
+            m for m in ("torch", "torch._dynamo", "dpt.launch.worker") if m in sys.modules
+        ],
         "gloo": os.environ.get("GLOO_SOCKET_IFNAME"),
         "parent": os.getppid(),
     })
 
 if __name__ == "__main__":
-    import dpt.launch
+    import dpt.launch.launchers
     found, exitcode, launcher_torch = launch_one(rank)
     found.update(launcher_torch=launcher_torch, launcher=os.getpid(),
                  launcher_gloo=os.environ.get("GLOO_SOCKET_IFNAME"), exitcode=exitcode)
@@ -73,7 +75,7 @@ def _run_probe(tmp_path: Path, script: str, drop: Callable[[str], bool]) -> Any:
 @pytest.mark.timeout(180)
 def test_a_rank_forks_from_the_server_with_torch_and_dpt_imported(tmp_path: Path) -> None:
     found = _run_probe(tmp_path, PROBE, drop=lambda name: name.endswith("SOCKET_IFNAME"))
-    assert found["preloaded"] == ["torch", "torch._dynamo", "dpt.worker"]
+    assert found["preloaded"] == ["torch", "torch._dynamo", "dpt.launch.worker"]
     assert not found["launcher_torch"]  # the launcher's own torch import comes after the start
     assert found["parent"] != found["launcher"]  # forked by the server
     assert found["gloo"] == "lo"  # ranks' collectives on loopback ...

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dpt.distributed import env_from_environment
-from dpt.state import full_state_dict
+from dpt.state.stateful import full_state_dict
 from tests.helpers import FAST, build_trainer, free_port, joined_world, max_abs_diff
 
 STEPS = 20

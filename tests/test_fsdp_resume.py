@@ -11,10 +11,10 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-from dpt import checkpoint
 from dpt.distributed import env_from_environment
 from dpt.models.mlp import MLP
-from dpt.state import ModelState, OptimizerState, full_state_dict
+from dpt.state import checkpoint
+from dpt.state.stateful import ModelState, OptimizerState, full_state_dict
 from tests.helpers import (
     FAST,
     build_trainer,

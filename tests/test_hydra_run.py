@@ -1,4 +1,4 @@
-"""A plain run skips Hydra's mode probe (dpt/hydra_run.py) and is the same run as under
+"""A plain run skips Hydra's mode probe (dpt/launch/hydra_run.py) and is the same run as under
 `hydra.main`: same Hydra config and job config; anything that could set `hydra.mode` still goes
 through the probe."""
 
@@ -15,8 +15,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dpt import hydra_run
-from dpt.cli import CONFIG_NAME, CONFIG_PATH, hydra_app, hydra_args
+from dpt.launch import hydra_run
+from dpt.launch.hydra_run import CONFIG_NAME, CONFIG_PATH, hydra_app, hydra_args
 
 CONF = Path(__file__).resolve().parents[1] / "dpt" / "conf"
 

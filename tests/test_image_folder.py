@@ -20,10 +20,10 @@ from dpt.data.folder_layout import IMAGE_EXTENSIONS, Layout, check_layout, scan_
 from dpt.data.image_folder import ImageFolderData
 from dpt.data.images import UnreadableImageError, read_image_rgb
 from dpt.data.loaders import build_loaders
+from dpt.data.position import DataPosition
 from dpt.data.seeded import SeededSamples
 from dpt.distributed import DistEnv
 from dpt.errors import ConfigError
-from dpt.state import DataPosition
 from tests.helpers import compose
 
 CPU1 = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))

@@ -16,15 +16,15 @@ import torch.multiprocessing as mp
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from dpt import agreement
-from dpt.agreement import MAX_WINDOWS, SPACING_S, Agreement, NonFiniteLoss
 from dpt.config import EarlyStoppingConfig, TrainerConfig
 from dpt.distributed import DistEnv
-from dpt.early_stopping import EarlyStopping
-from dpt.interrupt import StopRequest
-from dpt.logs import HeldLines, setup_logging
-from dpt.metrics import SINCE, WINDOW, MetricsLogger, StragglerWatch
-from dpt.parts import RunConfig
+from dpt.loop import agreement
+from dpt.loop.agreement import MAX_WINDOWS, SPACING_S, Agreement, NonFiniteLoss
+from dpt.loop.early_stopping import EarlyStopping
+from dpt.loop.interrupt import StopRequest
+from dpt.loop.parts import RunConfig
+from dpt.observe.logs import HeldLines, setup_logging
+from dpt.observe.metrics import SINCE, WINDOW, MetricsLogger, StragglerWatch
 from tests.helpers import FAST, build_trainer, compose, free_port, joined_world, train
 
 CPU1 = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
@@ -282,7 +282,7 @@ def _count_collectives(
 ) -> None:
     """Runs `steps` optimizer steps of a 2-rank ddp MLP; records, per step, the gradient
     all-reduces (a DDP comm hook) and every other collective (torch.distributed's functions).
-    `spacing_s`: the agreements' least spacing (dpt.agreement.SPACING_S) in this rank."""
+    `spacing_s`: the agreements' least spacing (dpt.loop.agreement.SPACING_S) in this rank."""
     agreement.SPACING_S = spacing_s
     with joined_world(rank, world, port) as env:
         trainer = build_trainer(

@@ -90,7 +90,7 @@ def test_the_wheel_ships_config_groups_plugin_and_entry_point(installed: Install
         "hydra_plugins/dpt_slurm_launcher/dpt_slurm_launcher.py",
     ):
         assert shipped in names, shipped
-    assert "dpt = dpt.cli:main" in scripts
+    assert "dpt = dpt.launch.cli:main" in scripts
 
 
 @pytest.mark.timeout(120)
@@ -104,7 +104,7 @@ def test_installed_dpt_is_the_wheel_not_the_checkout(installed: Installed) -> No
 @pytest.mark.timeout(120)
 def test_installed_dpt_prints_its_config_and_finds_the_slurm_plugin(installed: Installed) -> None:
     job = installed.run(str(installed.dpt), "--cfg", "job", "strategy=ddp")
-    assert "_target_: dpt.strategy.DDP" in job.stdout
+    assert "_target_: dpt.loop.strategy.DDP" in job.stdout
     plugins = installed.run(str(installed.dpt), "--info", "plugins")
     assert "DptSlurmLauncher" in plugins.stdout
     slurm = installed.run(str(installed.dpt), "launcher=slurm", "--cfg", "hydra")

@@ -14,9 +14,9 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from dpt.data.images import read_image_rgb, val_transform
+from dpt.launch.predict import Predictor, main
 from dpt.models import build_model
-from dpt.predict import Predictor, main
-from dpt.results import BEST_MODEL, LAST_MODEL, RunData, write_run_data
+from dpt.state.results import BEST_MODEL, LAST_MODEL, RunData, write_run_data
 from tests.helpers import REPO, compose, run_cmd
 
 CLASSES = ["cat", "dog", "bird"]
@@ -75,7 +75,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 def on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compare with the CPU model's outputs on the CPU: CUDA convolutions use TF32 by default,
     which moves probabilities by about 1e-3 (see test_cuda_gives_about_the_same_outputs)."""
-    monkeypatch.setattr("dpt.predict.pick_device", lambda name=None: torch.device(name or "cpu"))
+    monkeypatch.setattr(
+        "dpt.launch.predict.pick_device", lambda name=None: torch.device(name or "cpu")
+    )
 
 
 def _expected(model: torch.nn.Module, path: Path) -> torch.Tensor:

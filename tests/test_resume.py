@@ -11,7 +11,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from dpt.schedulers import WarmupCosine
+from dpt.loop.schedulers import WarmupCosine
 from tests.helpers import (
     FAST,
     Result,

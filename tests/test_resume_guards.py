@@ -11,9 +11,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dpt import resume_apply
-from dpt.checkpoint import Checkpoints, ConfigMismatch, committed
-from dpt.resume_config import APPLIED, REFUSED, compare, flat
+from dpt.loop import resume_apply
+from dpt.state.checkpoint import Checkpoints, ConfigMismatch, committed
+from dpt.state.resume_config import APPLIED, REFUSED, compare, flat
 from tests.helpers import build_trainer, compose
 from tests.test_checkpoint import CPU1, _parts
 
@@ -196,7 +196,8 @@ def test_another_run_folders_checkpoint_is_compared_too(tmp_path: Path) -> None:
 
 
 def _resumed_trainer(run: Path, *overrides: str) -> Any:
-    """A trainer built in `run` with `overrides`, resumed as a rank resumes (see dpt.worker)."""
+    """A trainer built in `run` with `overrides`, resumed as a rank resumes (see
+    dpt.launch.worker)."""
     trainer = build_trainer(run, CPU1, *SMALL, *overrides)
     parts = trainer.parts
     configured = resume_apply.Settings.of(parts.optimizer, parts.scheduler)

@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-from dpt import rollcall
 from dpt.distributed import DistEnv
-from dpt.rollcall import RollCall
+from dpt.observe import rollcall
+from dpt.observe.rollcall import RollCall
 
 ENV = DistEnv(rank=1, local_rank=1, world_size=2, local_world_size=2, device=torch.device("cpu"))
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
-from dpt import run_lock
-from dpt.checkpoint import CheckpointError
 from dpt.errors import DptError
-from dpt.logs import setup_logging
-from dpt.worker import _write_outputs, run_worker
+from dpt.launch import run_lock
+from dpt.launch.worker import _write_outputs, run_worker
+from dpt.observe.logs import setup_logging
+from dpt.state.checkpoint import CheckpointError
 from tests.helpers import (
     FAST,
     REPO,
@@ -129,7 +129,7 @@ def test_the_lock_is_held_once_per_process_and_released(tmp_path: Path) -> None:
 
 def test_another_process_holding_the_folder_is_named(tmp_path: Path) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from dpt import run_lock; "
+        [sys.executable, "-c", "import sys; from pathlib import Path; from dpt.launch import run_lock; "
          f"run_lock.acquire(Path({str(tmp_path)!r})); print('held', flush=True); sys.stdin.read()"],
         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -163,7 +163,7 @@ def test_a_full_disk_while_hydra_writes_its_config_is_one_line(
     import hydra.core.utils
     from hydra.core.global_hydra import GlobalHydra
 
-    from dpt import cli
+    from dpt.launch import cli
 
     def full(*args: Any) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a failed close: no file
@@ -214,7 +214,7 @@ def test_a_full_disk_under_the_log_file_is_said_once(
 def test_a_full_disk_under_tensorboard_ends_in_one_line_and_keeps_the_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dpt.event_file import EventFile
+    from dpt.observe.event_file import EventFile
 
     written = EventFile.write
 
@@ -228,7 +228,7 @@ def test_a_full_disk_under_tensorboard_ends_in_one_line_and_keeps_the_checkpoint
     run = tmp_path / "run"
     cfg = compose(*FAST, "trainer.max_steps=20", "checkpoint.every_n_steps=3",
                   "trainer.log_every_n_steps=1", "dataset.num_val_samples=0")  # fmt: skip
-    from dpt.launch import resolved
+    from dpt.launch.launchers import resolved
 
     with pytest.raises(DptError) as failed:
         run_worker(resolved(cfg), str(run))
@@ -272,8 +272,8 @@ def _results(run: Path, steps: int, stopped_early: bool) -> dict[str, Any]:
 def test_a_run_is_finished_when_its_results_are_written_and_nothing_is_left(
     tmp_path: Path, written: tuple[int, bool] | None, step: int, total: int, finished: bool
 ) -> None:
-    from dpt.checkpoint import Committed
-    from dpt.worker import _finished
+    from dpt.launch.worker import _finished
+    from dpt.state.checkpoint import Committed
     from tests.test_checkpoint import CPU1
 
     summary = _results(tmp_path, *written) if written else None
@@ -284,8 +284,8 @@ def test_a_run_is_finished_when_its_results_are_written_and_nothing_is_left(
 def test_an_early_stopped_run_says_how_to_go_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from dpt.checkpoint import Committed
-    from dpt.worker import _finished
+    from dpt.launch.worker import _finished
+    from dpt.state.checkpoint import Committed
     from tests.test_checkpoint import CPU1
 
     caplog.set_level(logging.INFO, "dpt")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpt.sweep import format_table, report, rows, write_status
+from dpt.launch.sweep import format_table, report, rows, write_status
 from tests.helpers import summary
 
 

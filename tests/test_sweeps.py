@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpt.sweep import STATUS_FILE, report, write_status
+from dpt.launch.sweep import STATUS_FILE, report, write_status
 from tests.helpers import FAST, TRAIN, Result, job_tb, run_cmd, summary
 
 pytestmark = pytest.mark.slow  # every test here starts train.py or ranks

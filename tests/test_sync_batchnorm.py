@@ -19,7 +19,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from dpt.distributed import env_from_environment
 from dpt.models import unwrap
 from dpt.models.sync_batchnorm import GlooSyncBatchNorm, convert_sync_batchnorm
-from dpt.state import full_state_dict
+from dpt.state.stateful import full_state_dict
 from tests.helpers import build_trainer, free_port, joined_world, max_abs_diff
 
 STEPS = 4
@@ -168,8 +168,8 @@ def _edge_counts(rank: int) -> dict[str, Any]:
 
 def _warnings_without_batchnorm() -> list[str]:
     """Warnings of `strategy.sync_batchnorm=true` on a model without BatchNorm (an MLP)."""
+    from dpt.loop.strategy import DDP
     from dpt.models.mlp import MLP
-    from dpt.strategy import DDP
 
     records: list[logging.LogRecord] = []
     handler = logging.Handler()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dpt import dashboard
+from dpt.observe import dashboard
 from tests.helpers import FAST, TRAIN, free_port, run_cmd, start
 
 SWEEP_RUNS = {

@@ -14,9 +14,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from dpt.loop.precision import Precision
+from dpt.loop.schedulers import warmup_cosine
 from dpt.models.mlp import MLP
-from dpt.precision import Precision
-from dpt.schedulers import warmup_cosine
 from tests.helpers import (
     FAST,
     build_trainer,

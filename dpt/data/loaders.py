@@ -12,9 +12,9 @@ import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from dpt.contract import DataModule
+from dpt.data.position import DataPosition
 from dpt.data.seeded import SeededSamples
 from dpt.distributed import DistEnv
-from dpt.state import DataPosition
 
 Batch = tuple[torch.Tensor, torch.Tensor, int]
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from dpt.state import derived_seed
+from dpt.seeding import derived_seed
 
 
 class SeededSamples(Dataset):

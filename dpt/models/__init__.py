@@ -1,4 +1,8 @@
-"""Models, built from the `model` config with sizes taken from the dataset."""
+"""Models: built from the `model` config with sizes taken from the data set (the MLP, ResNets, any
+torchvision classifier, a user's own), their blocks, weights files and synchronised BatchNorm.
+
+May import: base.
+"""
 
 from __future__ import annotations
 

@@ -33,8 +33,8 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from dpt.errors import Abort, DptError
-from dpt.interrupt import Interrupted
-from dpt.sweep import describe_error
+from dpt.launch.sweep import describe_error
+from dpt.loop.interrupt import Interrupted
 
 log = logging.getLogger(__name__)
 

@@ -5,24 +5,24 @@ resolved config and the run folder as arguments. No rank re-runs `sys.argv` thro
 there is one run folder per job and a multirun never restarts itself inside a worker.
 
 Importing this module imports no torch: a local world starts its ranks' fork server
-(dpt/fork_server.py) before this process imports torch (dpt/local_world.py), so that the two
-imports overlap.
+(dpt/launch/fork_server.py) before this process imports torch (dpt/launch/local_world.py), so
+that the two imports overlap.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from dpt.config import cpu_cores, is_distributed, parse_nproc
+from dpt.config import cpu_cores, is_distributed
 from dpt.errors import DptError
+from dpt.launch.environ import restored_environ
+from dpt.launch.validate import parse_nproc
 
 log = logging.getLogger("dpt")
 
@@ -48,13 +48,13 @@ class LocalLauncher:
             raise DptError("this process was started by torchrun: add launcher=torchrun")
         if not is_distributed(cfg.strategy):
             return run_worker(resolved(cfg), str(run_dir))
-        from dpt import fork_server  # here: a single process needs none of it
+        from dpt.launch import fork_server  # here: a single process needs none of it
 
         fork_server.start()  # the ranks' imports, beside this process's own (torch, below)
         nproc = self.processes(cfg.trainer.device)
         name = get_class(cfg.strategy._target_).name
         log.info(f"starting {nproc} {name} workers through torch.distributed's elastic launcher")
-        from dpt.local_world import launch_local_world
+        from dpt.launch.local_world import launch_local_world
 
         return launch_local_world(
             resolved(cfg), run_dir, nproc, self.max_restarts, cfg.trainer.timeout_s
@@ -100,7 +100,8 @@ def check_cpu_processes(nproc: int, cores: int) -> None:
 
 
 class TorchrunLauncher:
-    """torchrun started this process; only its rank 0 runs Hydra (see `dpt.cli.follow_torchrun`)."""
+    """torchrun started this process; only its rank 0 runs Hydra (see
+    `dpt.launch.cli.follow_torchrun`)."""
 
     def run(self, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         require_torchrun_env()
@@ -118,7 +119,7 @@ class SlurmLauncher:
         self.world_size = nodes * tasks_per_node
 
     def run(self, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-        from dpt.slurm import torch_env_from_slurm
+        from dpt.launch.slurm import torch_env_from_slurm
 
         if self.world_size > 1 and not is_distributed(cfg.strategy):
             raise DptError(
@@ -140,28 +141,17 @@ def require_torchrun_env() -> None:
 
 
 def follow_torchrun_world(cfg: DictConfig) -> None:
-    """A torchrun rank >= 1 (composed by `dpt.cli.follow_torchrun`): join rank 0's world."""
+    """A torchrun rank >= 1 (composed by `dpt.launch.cli.follow_torchrun`): join rank 0's world."""
     if get_class(cfg.launcher._target_) is not TorchrunLauncher:
         raise DptError("this process was started by torchrun: add launcher=torchrun")
     run_worker(resolved(cfg), run_dir="")  # rank 0 broadcasts its config and folder
 
 
 def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
-    """`dpt.worker.run_worker`, imported (with torch) only when this process runs a rank."""
-    from dpt import collector
+    """`dpt.launch.worker.run_worker`, imported (with torch) only when this process runs a rank."""
+    from dpt.launch import collector
 
     with collector.off_during_startup():
-        from dpt.worker import run_worker as run
+        from dpt.launch.worker import run_worker as run
 
         return run(cfg_dict, run_dir)
-
-
-@contextlib.contextmanager
-def restored_environ() -> Iterator[None]:
-    """Leave no MASTER_PORT, RANK, ... behind for the next job of a multirun."""
-    saved = dict(os.environ)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)

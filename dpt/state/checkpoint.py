@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import torch
 import torch.distributed as dist
 
-from dpt import resume_config
 from dpt.distributed import DistEnv, broadcast_object
 from dpt.errors import DptError
-from dpt.resume_config import Change
+from dpt.state import resume_config
+from dpt.state.resume_config import Change
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.api import CheckpointException

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from dpt import schedulers
-from dpt.resume_config import Change
-from dpt.state import derived_seed, seed_everything
+from dpt.loop import schedulers
+from dpt.seeding import derived_seed, seed_everything
+from dpt.state.resume_config import Change
 
 if TYPE_CHECKING:
-    from dpt.trainer import Trainer
+    from dpt.loop.trainer import Trainer
 
 log = logging.getLogger("dpt")
 

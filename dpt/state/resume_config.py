@@ -14,6 +14,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from dpt.user_code import current_target
+
 # A key matches an entry equal to it, or one ending in "." that it starts with.
 APPLIED = (
     "trainer.epochs",
@@ -85,6 +87,8 @@ def _flatten(node: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
     for key, value in node.items():
         if isinstance(value, dict) and value:
             _flatten(value, f"{prefix}{key}.", out)
+        elif key == "_target_" and isinstance(value, str):
+            out[f"{prefix}{key}"] = current_target(value)  # as named before dpt's modules moved
         else:
             out[f"{prefix}{key}"] = value
 

@@ -2,7 +2,7 @@
 
 Per step nothing is computed: the loss and gradient norm are kept as the device made them, counts
 and times summed on the host. A logging window ends on the host alone (its sums set aside, its
-time stamped). At each agreement (`dpt.agreement`: one per logging window, or one per several
+time stamped). At each agreement (`dpt.loop.agreement`: one per logging window, or one per several
 short ones) the kept losses come back in one read-back, the one wait for the device, and the
 ended windows' sums travel to every rank in the agreement's one collective; every window is then
 written with its own step and time, and rank 0 writes the world's numbers, including how far
@@ -23,16 +23,16 @@ from typing import Any
 
 import torch
 
-from dpt import dashboard
-from dpt.dashboard import WORLD
 from dpt.distributed import DistEnv
-from dpt.logs import HeldLines
+from dpt.observe import dashboard
+from dpt.observe.dashboard import WORLD
+from dpt.observe.logs import HeldLines
 
 log = logging.getLogger("dpt")
 
 # How long written scalars are held before they go to their event files, all in one write each
-# (dpt.event_file): framing and writing them costs the training thread less in bulk, with its
-# caches warm, than one window at a time.
+# (dpt.observe.event_file): framing and writing them costs the training thread less in bulk,
+# with its caches warm, than one window at a time.
 HOLD_S = 1.0
 
 # The payload one rank sends at an agreement (see `MetricsLogger.payload`): SINCE, then
@@ -104,7 +104,7 @@ class MetricsLogger:
         run_dir: Path,
         env: DistEnv,
         total_steps: int,
-        memory: Callable[[], dict[str, float]] | None = None,  # per-rank sizes (dpt.memory)
+        memory: Callable[[], dict[str, float]] | None = None,  # per-rank sizes (dpt.observe.memory)
     ) -> None:
         self.env, self.tb = env, dashboard.place(run_dir)
         self.memory = memory
@@ -305,7 +305,7 @@ class MetricsLogger:
 
     def _writer(self, name: str) -> Any:
         if name not in self._writers:
-            from dpt.event_file import EventFile
+            from dpt.observe.event_file import EventFile
 
             self._writers[name] = EventFile(self.tb.folder / name, purge_step=self.purge_step)
             pending = self._pending.pop(name, None)
@@ -314,7 +314,7 @@ class MetricsLogger:
         return self._writers[name]
 
     def _add(self, name: str, summaries: list[Any]) -> None:
-        from dpt.event_file import summary_event
+        from dpt.observe.event_file import summary_event
 
         self.flush()  # in the order they were made
         # Into the folder's one open event file: TensorBoard reads a folder's event files one
@@ -335,7 +335,7 @@ class MetricsLogger:
         self._held_since = time.perf_counter()
         if not held:
             return
-        from dpt.event_file import scalars_event
+        from dpt.observe.event_file import scalars_event
 
         events: dict[str, list[Any]] = {}
         for name, scalars, step, wall_time in held:

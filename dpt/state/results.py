@@ -33,7 +33,7 @@ class RunData:
 
 
 def write_run_data(run_dir: Path, data: RunData) -> None:
-    from dpt.checkpoint import write_atomically  # torch: only where a rank writes
+    from dpt.state.checkpoint import write_atomically  # torch: only where a rank writes
 
     text = (json.dumps(asdict(data), indent=2) + "\n").encode()
     write_atomically(run_dir / DATA_FILE, lambda f: f.write(text), "data")

@@ -2,7 +2,7 @@
 
 `dpt-predict RUN_DIR PATH... [--csv OUT] [--top-k K] [--last]` rebuilds the model from the run
 folder (`.hydra/config.yaml`), loads `model_best.pt` (or `model.pt`), applies the run's
-validation transform (`data.json`, see dpt/results.py) and prints the top-k classes of each
+validation transform (`data.json`, see dpt/state/results.py) and prints the top-k classes of each
 image. Images in folders named after the run's classes (`root/val/<class>/...`) are also scored.
 
 torch is imported only after the arguments are parsed: `--help` and bad arguments answer fast.
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from dpt import user_code
 from dpt.data.folder_layout import IMAGE_EXTENSIONS
 from dpt.errors import DptError, could_not_write, one_line
-from dpt.results import BEST_MODEL, DATA_FILE, LAST_MODEL, RunData, read_run_data
+from dpt.state.results import BEST_MODEL, DATA_FILE, LAST_MODEL, RunData, read_run_data
 
 if TYPE_CHECKING:
     import torch
@@ -173,7 +173,7 @@ def _run_precision(run_dir: Path) -> str:
 
 def _autocast(precision: str, device: torch.device) -> Callable[[], Any]:
     """Validation's autocast on this device; fp32 where it has none (16-mixed off CUDA)."""
-    from dpt.precision import Precision
+    from dpt.loop.precision import Precision
 
     try:
         return Precision(precision, device).autocast

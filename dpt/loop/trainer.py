@@ -1,7 +1,7 @@
 """The training loop: forward, loss, backward, clip, step, schedule. Everything else is a call out.
 
-The trainer gets its parts built (`dpt.parts`) and only orders them. Between agreements
-(`dpt.agreement`: log steps at least 50 ms apart, checkpoint steps, an epoch's and the run's
+The trainer gets its parts built (`dpt.loop.parts`) and only orders them. Between agreements
+(`dpt.loop.agreement`: log steps at least 50 ms apart, checkpoint steps, an epoch's and the run's
 last step) nothing waits for the device or another rank, except the gradient all-reduce inside
 `backward` under ddp.
 """
@@ -17,14 +17,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpt.agreement import NonFiniteLoss, Verdict
-from dpt.checkpoint import Committed
-from dpt.console import log_epoch
 from dpt.data.loaders import Batch
-from dpt.interrupt import Interrupted, StopRequest, stop_on_signals
-from dpt.parts import Parts
-from dpt.state import DataPosition, ModelState, OptimizerState, PlainState, Progress, RNGState
-from dpt.strategy import skip_gradient_sync
+from dpt.data.position import DataPosition
+from dpt.loop.agreement import NonFiniteLoss, Verdict
+from dpt.loop.interrupt import Interrupted, StopRequest, stop_on_signals
+from dpt.loop.parts import Parts
+from dpt.loop.strategy import skip_gradient_sync
+from dpt.observe.console import log_epoch
+from dpt.state.checkpoint import Committed
+from dpt.state.stateful import (
+    ModelState,
+    OptimizerState,
+    PlainState,
+    Progress,
+    RNGState,
+)
 
 
 @dataclass
@@ -129,7 +136,7 @@ class Trainer:
         steps and the epoch's and run's last step; else when the agreement's cadence calls for
         it (log steps, spaced; every step under on_nonfinite=skip, whose update waits for the
         verdict). A stop signal is thus acted on within trainer.log_every_n_steps steps, or
-        within `dpt.agreement.SPACING_S` seconds where that is more steps."""
+        within `dpt.loop.agreement.SPACING_S` seconds where that is more steps."""
         step, every_ckpt = self.progress.step + 1, self.parts.checkpoint_every
         return (
             self.agreement.due(step)
@@ -222,7 +229,7 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> Path | None:
-        """Every rank writes its part; rank 0 commits once all have (see dpt.checkpoint)."""
+        """Every rank writes its part; rank 0 commits once all have (see dpt.state.checkpoint)."""
         if not self.parts.checkpoint.enabled:
             return None
         self.metrics.flush()  # the curves up to this step, on their way to disk first

@@ -9,10 +9,8 @@ stored as one JSON string (`PlainState`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
-import struct
 from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any
@@ -36,27 +34,6 @@ class Progress:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.bad_samples = int(state["step"]), int(state["bad_samples"])
-
-
-@dataclass
-class DataPosition:
-    """Where the data stands: the epoch in progress (0-based), the samples of its global order
-    trained on (see dpt.data.loaders.epoch_order), and the global batch they were taken in. In
-    samples, not steps: a run resumed on another world size or batch starts at the same sample."""
-
-    epoch: int = 0
-    sample: int = 0
-    global_batch: int = 0
-
-    def next_epoch(self) -> None:
-        self.epoch, self.sample = self.epoch + 1, 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.sample = int(state["epoch"]), int(state["sample"])
-        self.global_batch = int(state["global_batch"])
 
 
 def _state_dicts() -> ModuleType:
@@ -110,7 +87,7 @@ class PlainState:
 
     def __init__(self, part: Any) -> None:
         self.part = part
-        # A part added after checkpoints were written loads fresh from them (dpt.checkpoint).
+        # A part added after checkpoints were written loads fresh from them (dpt.state.checkpoint).
         self.optional = bool(getattr(part, "optional", False))
 
     def state_dict(self) -> dict[str, Any]:
@@ -181,20 +158,6 @@ class RNGState:
         )
         if "cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def derived_seed(*numbers: int) -> int:
-    """A 64-bit seed from a tuple of integers (e.g. seed, epoch, sample index): a hash, so that
-    nearby tuples give unrelated streams, and the same on every machine and Python version."""
-    key = struct.pack(f"<{len(numbers)}q", *numbers)
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
-
-
-def seed_everything(seed: int) -> None:
-    """Python's, NumPy's and torch's generators (NumPy takes 32 bits)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def _lists(value: Any) -> Any:

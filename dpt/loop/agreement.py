@@ -2,12 +2,12 @@
 
 Every rank must take the same decisions at the same step: apply this update or skip it (a
 non-finite loss somewhere), stop now or go on (a signal on some rank). Between agreements nothing
-waits for the device or the network: each step's loss stays on the device (`dpt.metrics` keeps
-it) and a signal sets a flag. At the agreement the losses since the last one come back in one
-device round trip (`MetricsLogger.read_back`) and are checked here on the host; one `all_gather`
-then carries the flags and the metrics window, so logging costs no second collective. Under
-`trainer.on_nonfinite=skip` ranks agree every step, since the update itself waits for the
-verdict: the documented exception.
+waits for the device or the network: each step's loss stays on the device
+(`dpt.observe.metrics` keeps it) and a signal sets a flag. At the agreement the losses since
+the last one come back in one device round trip (`MetricsLogger.read_back`) and are checked
+here on the host; one `all_gather` then carries the flags and the metrics window, so logging
+costs no second collective. Under `trainer.on_nonfinite=skip` ranks agree every step, since the
+update itself waits for the verdict: the documented exception.
 
 Ranks agree at log steps, but not more often than every `SPACING_S` seconds of training: where
 logging windows are shorter (a fast step logged every step), one agreement carries several
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from dpt.distributed import DistEnv, all_gather_floats
 from dpt.errors import DptError
-from dpt.interrupt import StopRequest
+from dpt.loop.interrupt import StopRequest
 
 log = logging.getLogger("dpt")
 

@@ -24,8 +24,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dpt.config import VAL_METRICS
-from dpt.dashboard import write_sweep_experiment
 from dpt.errors import Abort, DptError, one_line
+from dpt.observe.dashboard import write_sweep_experiment
 
 STATUS_FILE = "job_status.json"
 SUMMARY_CSV = "summary.csv"

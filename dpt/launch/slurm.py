@@ -3,7 +3,8 @@
 One task per rank. submitit's `TorchDistributedEnvironment` reads SLURM's variables
 (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_NODELIST, ...) and names the first node of
 the allocation as the rendezvous address; this module turns that into the torchrun variables
-that `dpt.worker.run_worker` reads, and checks that SLURM started the world the config asks for.
+that `dpt.launch.worker.run_worker` reads, and checks that SLURM started the world the config
+asks for.
 """
 
 from __future__ import annotations

@@ -14,10 +14,20 @@ goes through `hydra.main` unchanged.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.global_hydra import GlobalHydra
+
+if TYPE_CHECKING:
+    from hydra._internal.hydra import Hydra
+
+# The config groups ship inside the package (dpt/conf): the same path from a clone, an editable
+# install or a wheel, whatever the current folder.
+CONFIG_PATH = "pkg://dpt.conf"
+CONFIG_NAME = "config"
+MAIN_MODULE = "dpt.launch.cli"  # where `@hydra.main` decorates the task
 
 # Search path providers when only dpt's configs are found: Hydra's own, dpt's package and the
 # structured schemas. A search-path plugin, `--config-dir` or `--config-path` adds or changes one.
@@ -41,8 +51,6 @@ def run_hydra_main(hydra_main: Callable[[], Any], args: argparse.Namespace) -> N
         hydra_main()
         return
     from hydra._internal.utils import _run_app
-
-    from dpt.cli import CONFIG_NAME, hydra_app
 
     task_function = hydra_main.__wrapped__  # type: ignore[attr-defined]  # functools.wraps
     app = hydra_app(args, task_name=task_name(task_function))
@@ -90,3 +98,35 @@ def task_name(task_function: Callable[..., Any]) -> str:
 
     calling_file, calling_module = detect_calling_file_or_module_from_task_function(task_function)
     return detect_task_name(calling_file, calling_module)
+
+
+# --- Hydra's command line, outside `hydra.main` ------------------------------------------------
+
+
+def hydra_args(argv: list[str]) -> argparse.Namespace:
+    """`argv` as `hydra.main` parses it: flags (--config-dir, --cfg, -m, ...) and overrides."""
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser().parse_args(argv)
+
+
+def hydra_app(
+    args: argparse.Namespace, cls: type[Hydra] | None = None, task_name: str = "dpt"
+) -> Hydra:
+    """Hydra as `hydra.main` sets it up for `_hydra_main`: the same search path, so that
+    `--config-dir`, `--config-path` and the config groups mean the same here."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+
+    # A relative --config-path resolves against the module of `_hydra_main`, as Hydra does.
+    search_path = create_automatic_config_search_path(
+        None, MAIN_MODULE, args.config_path or CONFIG_PATH
+    )
+    if args.config_dir is not None:
+        search_path.prepend(
+            provider="command-line",
+            path=f"file://{os.path.abspath(args.config_dir)}",
+            anchor=SearchPathQuery(provider="schema"),
+        )
+    return (cls or Hydra).create_main_hydra2(task_name=task_name, config_search_path=search_path)

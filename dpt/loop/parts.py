@@ -13,24 +13,24 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from dpt.agreement import Agreement
-from dpt.best_model import BestModel
-from dpt.checkpoint import Checkpoints
 from dpt.config import CheckpointConfig, TrainerConfig, build
 from dpt.contract import DataModule, class_names, val_transform_node
 from dpt.data.loaders import Loaders, ToDevice, build_loaders
 from dpt.distributed import DistEnv
-from dpt.early_stopping import EarlyStopping
 from dpt.errors import DptError
-from dpt.evaluate import Validation
-from dpt.logs import setup_logging
-from dpt.memory import MemoryUse
-from dpt.metrics import MetricsLogger
+from dpt.loop.agreement import Agreement
+from dpt.loop.early_stopping import EarlyStopping
+from dpt.loop.evaluate import Validation
+from dpt.loop.precision import Precision
+from dpt.loop.strategy import Strategy
 from dpt.models import build_model
-from dpt.precision import Precision
-from dpt.results import RunData
-from dpt.state import seed_everything
-from dpt.strategy import Strategy
+from dpt.observe.logs import setup_logging
+from dpt.observe.memory import MemoryUse
+from dpt.observe.metrics import MetricsLogger
+from dpt.seeding import seed_everything
+from dpt.state.best_model import BestModel
+from dpt.state.checkpoint import Checkpoints
+from dpt.state.results import RunData
 
 T = TypeVar("T")
 

@@ -7,7 +7,6 @@ is known to be good.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -22,19 +21,16 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from dpt import run_lock, user_code
-from dpt.config import build, register_configs, validate
+from dpt import user_code
+from dpt.config import build, register_configs
 from dpt.errors import Abort, DptError, could_not_write, is_disk_full, one_line
-from dpt.hydra_run import run_hydra_main
-from dpt.logs import setup_logging
+from dpt.launch import run_lock
+from dpt.launch.hydra_run import CONFIG_NAME, CONFIG_PATH, hydra_app, hydra_args, run_hydra_main
+from dpt.launch.validate import validate
+from dpt.observe.logs import setup_logging
 
 if TYPE_CHECKING:
     from hydra._internal.hydra import Hydra
-
-# The config groups ship inside the package (dpt/conf): the same path from a clone, an editable
-# install or a wheel, whatever the current folder.
-CONFIG_PATH = "pkg://dpt.conf"
-CONFIG_NAME = "config"
 
 register_configs()
 
@@ -45,7 +41,7 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     try:
         validate(cfg)  # in a multirun, this job's own overrides are first seen here
         setup_logging(launcher_prefix(hydra_cfg))  # lines from this process, not from a rank
-        launcher = build(cfg.launcher)  # imports dpt.launch, and with it torch
+        launcher = build(cfg.launcher)  # imports dpt.launch.launchers, and with it torch
         run_dir = Path(hydra_cfg.runtime.output_dir)
         with _run_folder_held(run_dir):
             return launcher.run(cfg, run_dir)
@@ -57,7 +53,7 @@ def task(cfg: DictConfig) -> dict[str, Any]:
 
 def _run_folder_held(run_dir: Path) -> contextlib.AbstractContextManager[None]:
     """A multirun job's folder, locked here; a single run's was locked before Hydra wrote into
-    it (dpt.hydra_callbacks), and stays so."""
+    it (dpt.launch.hydra_callbacks), and stays so."""
     if not run_lock.holds_lock_here():
         return contextlib.nullcontext()
     return run_lock.holding(run_dir)
@@ -100,38 +96,6 @@ def run(hydra_main: Callable[[], Any]) -> None:
     finally:
         os.environ.pop("HYDRA_FULL_ERROR", None)
     return None
-
-
-# --- Hydra's command line, outside `hydra.main` ------------------------------------------------
-
-
-def hydra_args(argv: list[str]) -> argparse.Namespace:
-    """`argv` as `hydra.main` parses it: flags (--config-dir, --cfg, -m, ...) and overrides."""
-    from hydra._internal.utils import get_args_parser
-
-    return get_args_parser().parse_args(argv)
-
-
-def hydra_app(
-    args: argparse.Namespace, cls: type[Hydra] | None = None, task_name: str = "dpt"
-) -> Hydra:
-    """Hydra as `hydra.main` sets it up for `_hydra_main`: the same search path, so that
-    `--config-dir`, `--config-path` and the config groups mean the same here."""
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_automatic_config_search_path
-    from hydra.core.config_search_path import SearchPathQuery
-
-    # `calling_module=__name__`: a relative --config-path resolves as for `_hydra_main`.
-    search_path = create_automatic_config_search_path(
-        None, __name__, args.config_path or CONFIG_PATH
-    )
-    if args.config_dir is not None:
-        search_path.prepend(
-            provider="command-line",
-            path=f"file://{os.path.abspath(args.config_dir)}",
-            anchor=SearchPathQuery(provider="schema"),
-        )
-    return (cls or Hydra).create_main_hydra2(task_name=task_name, config_search_path=search_path)
 
 
 # --- --help ---------------------------------------------------------------------------------------
@@ -187,7 +151,7 @@ def follow_torchrun(argv: list[str]) -> None:
     cfg = compose_from_argv(argv)
     if cfg is None:
         return  # --help, --cfg, ...: rank 0 prints it; there is no world to join
-    from dpt.launch import follow_torchrun_world  # torch: only now that a rank must train
+    from dpt.launch.launchers import follow_torchrun_world  # torch: only now that a rank must train
 
     follow_torchrun_world(cfg)
 

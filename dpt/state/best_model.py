@@ -12,12 +12,12 @@ import torch
 from torch import nn
 
 from dpt.distributed import DistEnv
-from dpt.results import BEST_MODEL
-from dpt.state import full_state_dict
+from dpt.state.results import BEST_MODEL
+from dpt.state.stateful import full_state_dict
 
 
 class BestModel:
-    # Checkpoints written before this part existed load without it (dpt.checkpoint).
+    # Checkpoints written before this part existed load without it (dpt.state.checkpoint).
     optional = True
 
     def __init__(self, metric: str, mode: str, enabled: bool, run_dir: Path, env: DistEnv) -> None:
@@ -37,7 +37,7 @@ class BestModel:
         self.value, self.step, self.epoch, self.val = value, step, epoch, dict(val)
         weights = full_state_dict(model)  # all ranks: fsdp gathers the shards to rank 0
         if self.env.is_main:
-            from dpt.checkpoint import write_atomically
+            from dpt.state.checkpoint import write_atomically
 
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(self.path, lambda f: torch.save(weights, f), "best model")

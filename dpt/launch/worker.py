@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-from dpt import allocator, checkpoint, collector, dashboard, resume_apply, user_code
+from dpt import user_code
 from dpt.distributed import (
     DistEnv,
     broadcast_object,
@@ -23,13 +23,17 @@ from dpt.distributed import (
     init_process_group,
 )
 from dpt.errors import DptError, could_not_write, is_disk_full, one_line
-from dpt.interrupt import Interrupted
-from dpt.logs import TRACE_LOGGER_NAME, setup_logging
-from dpt.parts import Parts, RunConfig, build_parts, length_key, run_length
-from dpt.results import write_run_data
-from dpt.rollcall import RollCall
-from dpt.state import full_state_dict
-from dpt.trainer import Trainer, TrainResult
+from dpt.launch import allocator, collector
+from dpt.loop import resume_apply
+from dpt.loop.interrupt import Interrupted
+from dpt.loop.parts import Parts, RunConfig, build_parts, length_key, run_length
+from dpt.loop.trainer import Trainer, TrainResult
+from dpt.observe import dashboard
+from dpt.observe.logs import TRACE_LOGGER_NAME, setup_logging
+from dpt.observe.rollcall import RollCall
+from dpt.state import checkpoint
+from dpt.state.results import write_run_data
+from dpt.state.stateful import full_state_dict
 
 log = logging.getLogger("dpt")
 

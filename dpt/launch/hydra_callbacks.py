@@ -9,9 +9,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from dpt import run_lock
-from dpt.config import validate
 from dpt.errors import Abort, ConfigError, DptError
+from dpt.launch import run_lock
+from dpt.launch.validate import validate
 
 
 class ValidateConfig(Callback):

@@ -1,7 +1,8 @@
 """One world of ranks on this machine, through torchrun's engine (the elastic launcher).
 
-Imported once the config asks for such a world (`dpt.launch.LocalLauncher`), after the fork
-server that the ranks start from (dpt/fork_server.py) is on its way: torch is imported here.
+Imported once the config asks for such a world (`dpt.launch.launchers.LocalLauncher`), after
+the fork server that the ranks start from (dpt/launch/fork_server.py) is on its way: torch is
+imported here.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dpt import fork_server
-from dpt.checkpoint import checkpoint_dir, committed
 from dpt.errors import DptError
-from dpt.launch import restored_environ
+from dpt.launch import fork_server
+from dpt.launch.environ import restored_environ
+from dpt.launch.worker import run_worker
+from dpt.observe.rollcall import SILENT_RANK
 from dpt.rendezvous import register_loopback_rendezvous
-from dpt.rollcall import SILENT_RANK
-from dpt.worker import run_worker
+from dpt.state.checkpoint import checkpoint_dir, committed
 
 
 def launch_local_world(

@@ -214,6 +214,6 @@ def _hparams_summary(tag: str, data: Any) -> Any:
 def write_sweep_experiment(sweep_dir: Path, runs: list[dict[str, Any]]) -> None:
     """The sweep's one experiment, beside its jobs' folders (`<sweep>/tb/`)."""
     if runs:
-        from dpt.event_file import write
+        from dpt.observe.event_file import write
 
         write(sweep_dir / TB_FOLDER, [experiment(runs)])

@@ -1,0 +1,6 @@
+"""Launch: the commands a user types (`dpt`, `python train.py`, `dpt-predict`), Hydra's run and
+its callbacks, the config checks made before anything starts, and how ranks start (in this
+process, an elastic local world from a fork server, torchrun, SLURM) and run (`worker`).
+
+May import: dpt.loop, dpt.state, dpt.data, dpt.models, dpt.observe, base.
+"""
