@@ -1,18 +1,151 @@
-"""scripts/bench.py end to end in its --quick mode: it runs and writes its report. No timing is
-asserted: the numbers of a smoke run on a shared machine mean nothing."""
+"""The benchmark (benchmarks/): its shared runner, its report writer, and a `--smoke` run end to end
+(the runner's subprocess A/B rounds, an in-process section, the report and its plots). No timing
+is asserted: the numbers of a smoke run on a shared machine mean nothing."""
 
 from __future__ import annotations
 
+import pickle
 import re
+import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
+# benchmarks.bench and benchmarks.report are imported by the tests that use them: the ranks that
+# test_spawn_world starts import this module, and those two import torchvision too.
+from benchmarks import jobs
+from benchmarks.runner import RunError, Stat, alternate, run_process, spawn_world
 from tests.helpers import REPO, run_cmd
 
-SECTIONS = (
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+# --- the runner ---------------------------------------------------------------------------------
+
+
+def test_alternate_runs_a_b_rounds_and_drops_the_warmup() -> None:
+    calls: list[str] = []
+
+    def contender(name: str) -> Any:
+        return lambda: calls.append(name) or len(calls)
+
+    done: list[tuple[str, int]] = []
+    results = alternate(
+        {"a": contender("a"), "b": contender("b")},
+        rounds=2,
+        warmup=1,
+        done=lambda key, r, _: done.append((key, r)),
+    )
+    assert calls == ["a", "b"] * 3
+    assert results == {"a": [3, 5], "b": [4, 6]}  # the first round is warmup
+    assert done == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+
+
+def test_run_process_reports_the_tail_and_kills_on_timeout(tmp_path: Path) -> None:
+    launched, ended = run_process(["true"], tmp_path / "ok.txt", {}, 30, "ok")
+    assert launched <= ended
+    with pytest.raises(RunError, match=r"(?s)failed: exit 3\n.*last words"):
+        cmd = ["sh", "-c", "echo last words; exit 3"]
+        run_process(cmd, tmp_path / "fails.txt", {}, 30, "fails")
+    with pytest.raises(RunError, match="timeout after 0 s"):
+        run_process(["sleep", "30"], tmp_path / "sleeps.txt", {}, 0.2, "sleeps")
+
+
+def test_run_rounds_alternates_jobs_and_retries_a_failure_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = jobs.Workload("mlp", 64, warmup_steps=10, steps=20)
+    plain, dpt = jobs.Job("plain", "single", 1, work), jobs.Job("dpt", "single", 1, work)
+    ran: list[str] = []
+
+    def run_job(job: jobs.Job, run_dir: Path, env: dict, timeout_s: float) -> str:
+        ran.append(run_dir.name)
+        if len(ran) == 2:
+            raise RunError("dpt single (mlp) failed: exit 1\nboom")
+        return job.label
+
+    monkeypatch.setattr(jobs, "run_job", run_job)
+    retried: list[str] = []
+    results = jobs.run_rounds([[plain, dpt]], 2, tmp_path, {}, lambda _: None, retried)
+    assert results == {plain: ["plain single"] * 2, dpt: ["dpt single"] * 2}
+    assert [name.split("-", 1)[1] for name in ran] == [
+        "plain-single", "dpt-single", "dpt-single-again", "plain-single", "dpt-single",
+    ]  # fmt: skip
+    assert retried == ["dpt single: boom"]
+
+
+def _world_sum(env: Any, tmp: Path, value: float) -> dict[str, Any]:
+    total = torch.tensor([value * (env.rank + 1)])
+    dist.all_reduce(total)
+    return {"world": env.world_size, "sum": total.item(), "stat": Stat.of([1.0, 2.0, 4.0])}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_spawn_world_returns_rank_0s_result() -> None:
+    result = spawn_world(2, _world_sum, (1.5,), threads=1)
+    assert result == {"world": 2, "sum": 4.5, "stat": Stat(2.0, 1.0, 4.0, 3)}
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def _stat(x: float) -> Stat:
+    return Stat(x, 0.9 * x, 1.1 * x, 3)
+
+
+def _results() -> dict[str, Any]:
+    """One of everything the report shows (numbers made up)."""
+    loop = {"model": "mlp", "strategy": "single", "world": 1, "batch": 64, "log_every": 10,
+            "plain": _stat(20000), "dpt": _stat(21000), "ratio": _stat(1.05),
+            "ratio_all_steps": _stat(1.04), "loss_gap": 1e-7}  # fmt: skip
+    ddp = {**loop, "strategy": "ddp", "world": 2, "ratio": _stat(0.97)}
+    strategies = [
+        {"model": m, "strategy": s, "world": w, "batch": b, "global_batch": b * w,
+         "log_every": 10, "samples_s": _stat(30 if m == "resnet18" else 20000),
+         "efficiency": _stat(0.9)}
+        for m, b in (("mlp", 64), ("resnet18", 8)) for s, w in (("single", 1), ("ddp", 2))
+    ]  # fmt: skip
+    startup = {"strategy": "single", "world": 1, "plain": _stat(3.0), "dpt": _stat(3.3),
+               "extra_s": _stat(0.3), "ratio": _stat(1.1)}  # fmt: skip
+    marginal = {"strategy": "single", "world": 1, "steps": (100, 600), "log_every": 10,
+                "plain_wall_s": [_stat(4.0), _stat(4.5)], "dpt_wall_s": [_stat(4.3), _stat(4.8)],
+                "plain_ms": _stat(1.0), "dpt_ms": _stat(1.0), "ratio": _stat(1.0)}  # fmt: skip
+    logging = {"strategy": "single", "world": 1, "step_ms": _stat(1.0), "cost_ms": _stat(0.04),
+               "cost_pct": _stat(4.0), "ratio_at_1": _stat(1.0)}  # fmt: skip
+    pipeline = [{"decoder": "decode_jpeg", "what": what, "images_s": _stat(100),
+                 "vs_decode": _stat(0.8)}
+                for what in ("decode only", "dpt train sample")]  # fmt: skip
+    sync = {"model": "mlp", "mbytes": 0.3, **{k: _stat(1.0) for k in (
+        "bare_ms", "bare_busbw", "hook_ms", "hook_busbw", "hook_vs_bare", "one_bucket_busbw",
+        "one_bucket_vs_bare", "step_ms", "exposed_ms", "torch_default_speedup", "static_speedup",
+        "bf16_speedup")}}  # fmt: skip
+    calls = ["each_step_us", "agree_us", "agreed_us",
+             *(f"per_step_us_every_{n}" for n in (1, 10, 50))]  # fmt: skip
+    per_step = {1: {k: _stat(10) for k in [*calls, "fetch_dpt_us", "fetch_plain_us"]},
+                2: {k: _stat(20) for k in calls}}  # fmt: skip
+    rank = {"memory/params_mb": 400.0, "memory/grads_mb": 400.0, "memory/optimizer_mb": 800.0,
+            "peak_rss_mb": 2500.0, "samples_per_s": 4.0}  # fmt: skip
+    return {
+        "loops": [loop, ddp], "strategies": strategies, "out_of_the_box": [],
+        "workloads": [jobs.Workload("mlp", 64, 50, 550, num_samples=12800)],
+        "startup": [startup], "marginal": [marginal], "logging": [logging],
+        "pipeline": pipeline, "pipeline_files": 100, "sync": [sync], "per_step": per_step,
+        "gpu": None,
+        "memory": {"worlds": {2: {"ddp": [[rank, rank]], "fsdp": [[rank, rank]]}},
+                   "parameters": 105_000_000, "steps": 3},
+    }  # fmt: skip
+
+
+META = {"cpu": "a CPU", "cores": 2, "memory_gb": 24.0, "gpu": "none", "python": "3.11",
+        "torch": "2", "torchvision": "0", "date": "today", "load_before": (1.0, 1.0, 1.0),
+        "load_after": (1.0, 1.0, 1.0), "command": "python -m benchmarks", "retried": [],
+        "duration_s": 60.0, "quick": False, "rounds": 3, "threads": 1, "device": "cpu"}  # fmt: skip
+CHAPTERS = (
     "## Targets",
     "## 1. dpt against a hand-written loop",
     "## 2. Strategies and scaling",
@@ -20,27 +153,96 @@ SECTIONS = (
     "## 4. Gradient synchronisation",
     "## 5. Start-up",
     "## 6. Per-step overhead",
+    "## 7. Where dpt's time still goes",
     "## GPU path",
+    "## Method and caveats",
+    "<!-- bench_memory -->\n## 8. Sharded training",
 )
-PLOTS = ("perf_throughput.png", "perf_pipeline.png", "perf_sync.png")
+
+
+def test_report_has_every_section_in_order(tmp_path: Path) -> None:
+    from benchmarks.report import document
+
+    text = document.write(tmp_path, _results(), META).read_text()
+    places = [text.index(heading) for heading in CHAPTERS]
+    assert places == sorted(places)
+    assert text.endswith("<!-- /bench_memory -->\n")
+    targets = re.findall(r"^\| (dpt/plain|whole-process|launch|logging|pipeline|gradient|ResNet)",
+                         text, flags=re.MULTILINE)  # fmt: skip
+    # The targets table, section by section.
+    assert list(dict.fromkeys(targets)) == [
+        "dpt/plain", "whole-process", "launch", "logging", "pipeline", "gradient", "ResNet",
+    ]  # fmt: skip
+    assert "Not measured in this run: no CUDA device" in text
+    for name in ("perf_throughput.png", "perf_pipeline.png", "perf_sync.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG
+        assert f"]({name})" in text
+
+
+def test_memory_alone_replaces_only_its_part(tmp_path: Path) -> None:
+    from benchmarks.report import document
+
+    results = _results()
+    memory = results.pop("memory")
+    path = document.write(tmp_path, results, META)
+    without = path.read_text()
+    assert "bench_memory" not in without
+    document.write_marked(tmp_path, {"memory": memory})
+    appended = path.read_text()
+    assert appended.startswith(without.rstrip("\n") + "\n\n<!-- bench_memory -->\n## 8.")
+    memory["steps"] = 7
+    document.write_marked(tmp_path, {"memory": memory})
+    replaced = path.read_text()
+    assert replaced.replace("7 timed steps", "3 timed steps") == appended
+    # A whole report that did not measure memory keeps the part it found.
+    assert document.write(tmp_path, results, META).read_text() == replaced
+
+
+def test_render_reads_measurements_saved_before_the_move(tmp_path: Path) -> None:
+    from benchmarks import bench
+
+    results = {k: v for k, v in _results().items() if k in ("loops", "strategies", "workloads")}
+    saved = pickle.dumps((results, META), protocol=0)  # names its classes' modules as text
+    saved = saved.replace(b"benchmarks.runner\n", b"bench_common\n")
+    saved = saved.replace(b"benchmarks.jobs\n", b"bench_runs\n")
+    assert b"benchmarks." not in saved
+    (tmp_path / "old.pkl").write_bytes(saved)
+    bench.main(["--render", str(tmp_path / "old.pkl"), "--out", str(tmp_path)])
+    report = (tmp_path / "performance.md").read_text()
+    assert "| mlp | single | 1 | 64 | 10 | 20,000 (18,000-22,000) |" in report
+
+
+def test_scripts_bench_is_the_package_entry() -> None:
+    from benchmarks import bench
+
+    shim = runpy.run_path(str(REPO / "scripts" / "bench.py"), run_name="not_main")
+    assert shim["main"] is bench.main
+
+
+# --- end to end ---------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_quick_benchmark_writes_its_report(tmp_path: Path) -> None:
-    bench = REPO / "scripts" / "bench.py"
-    run_cmd([sys.executable, str(bench), "--quick", "--out", str(tmp_path)], timeout=570)
+@pytest.mark.timeout(180)
+def test_smoke_benchmark_writes_its_report(tmp_path: Path) -> None:
+    """dpt and the plain loop as subprocesses (one A/B round), the pipeline in-process, and the
+    report with its plots; a memory part already in the report is kept."""
+    kept = "<!-- bench_memory -->\nmeasured before\n<!-- /bench_memory -->"
+    (tmp_path / "performance.md").write_text(f"# Performance\n\n{kept}\n")
+    cmd = [sys.executable, "-m", "benchmarks", "--smoke", "--sections", "loops,pipeline"]
+    run_cmd([*cmd, "--out", str(tmp_path)], timeout=150)
 
     report = (tmp_path / "performance.md").read_text()
-    for heading in SECTIONS:
+    for heading in CHAPTERS[:4]:
         assert heading in report
-    # The dpt/plain row of the MLP on one process, logging every 10 steps (the quick run's one
-    # cadence): two rates and their ratio.
+    assert "## 4." not in report  # not measured
+    # The dpt/plain row of the MLP on one process, logging every 10 steps: two rates and their
+    # ratio.
     row = r"\| mlp \| single \| 1 \| 64 \| 10 \| [\d,]+ \| [\d,]+ \| \d+\.\d{3} \|"
     assert re.search(row, report)
-    assert "`python scripts/bench.py --quick --out" in report  # the exact command
-    for name in PLOTS:
-        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "`python -m benchmarks --smoke --sections loops,pipeline --out" in report
+    assert "This is a `--quick` smoke run" in report
+    assert report.endswith(f"\n\n{kept}\n")
+    for name in ("perf_throughput.png", "perf_pipeline.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG
         assert f"]({name})" in report
-    if not torch.cuda.is_available():
-        assert "Not measured in this run: no CUDA device" in report

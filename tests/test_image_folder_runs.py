@@ -57,11 +57,8 @@ def test_an_image_folder_run_resumed_on_another_world_size_equals_the_uninterrup
     assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
     assert "resuming at sample" not in resumed.stdout  # the same global batch: same samples
     assert max_abs_diff(load_weights(tmp_path / "full"), load_weights(tmp_path / "cut")) < 1e-5
-    # Without synchronised BatchNorm the same resume would not be the same run: a control that
-    # shows the check above can fail.
-    unsynced = [o for o in ddp if "sync_batchnorm" not in o]
-    train(tmp_path / "unsynced", *common, *unsynced, "trainer.max_steps=7", timeout=240)
-    assert max_abs_diff(load_weights(tmp_path / "full"), load_weights(tmp_path / "unsynced")) > 1e-4
+    # Without synchronised BatchNorm ddp 2 x 4 is not 1 x 8: tests/test_sync_batchnorm.py
+    # holds that control, so the check above is one that can fail.
 
 
 @pytest.mark.timeout(300)

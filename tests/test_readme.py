@@ -29,9 +29,9 @@ SKIPPED = {
     "bash scripts/setup.sh": "sets up the environment this test runs in",
     "source .venv/bin/activate": "shell setup; the test calls the environment's binaries directly",
     "tensorboard": "a server that runs until stopped",
-    "python scripts/bench.py": "benchmarks of minutes; tests/test_bench.py covers them",
+    "python -m benchmarks": "benchmarks of minutes; tests/test_bench.py covers them",
     "torchrun --nnodes=2": "needs two machines ($HEAD); tests/test_multinode.py runs two nodes",
-    "python train.py -m launcher=slurm": "needs a SLURM cluster; tests/test_slurm_*.py start one",
+    "python train.py -m launcher=slurm": "needs a SLURM cluster; tests/test_slurm.py starts one",
 }
 # Runs whose meaning depends on their length: run as written, never shortened.
 AS_WRITTEN = ("scheduler=warmup_cosine",)

@@ -129,7 +129,8 @@ def test_the_lock_is_held_once_per_process_and_released(tmp_path: Path) -> None:
 
 def test_another_process_holding_the_folder_is_named(tmp_path: Path) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from dpt.launch import run_lock; "
+        [sys.executable, "-c", "import sys; from pathlib import Path; "
+         "from dpt.launch import run_lock; "
          f"run_lock.acquire(Path({str(tmp_path)!r})); print('held', flush=True); sys.stdin.read()"],
         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

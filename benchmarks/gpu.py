@@ -1,25 +1,62 @@
-"""The GPU path, in-process: ResNet-18 in bf16 and channels_last on synthetic 224 px batches that
-already sit on the device (the model's ceiling), against the same training step fed from JPEG
-files decoded on the GPU in batches (`decode_jpeg(list, device="cuda")`).
+"""Section `gpu`, the GPU path (needs CUDA; skipped, and said so in the report, without it):
+ResNet-18 in bf16 and channels_last at 224 px, batch 256. In-process, the model on synthetic
+batches that already sit on the device (the model's ceiling) against the same training step fed
+from JPEG files decoded on the GPU in batches (`decode_jpeg(list, device="cuda")`); as
+subprocesses, dpt against the plain loop on `fake_images`. Report: benchmarks/report/gpu.py.
 
-Every function takes the device, so the same code runs (slowly, with small sizes) on a CPU.
+Every in-process function takes the device, so the same code runs (slowly, with small sizes) on
+a CPU.
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 import torchvision
-from bench_common import Stat, paired_ratios
-from bench_pipeline import files_of, gpu_batch_transform
 from torch.utils.data import DataLoader, Dataset
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
+from benchmarks.jobs import Job, Workload, child_env, run_rounds
+from benchmarks.loops import loop_ratio_row
+from benchmarks.pipeline import files_of, gpu_batch_transform, make_jpegs
+from benchmarks.runner import Say, Stat, alternate, paired_ratios
+
 Batches = Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
+
+
+def run(args: argparse.Namespace, tmp: Path, say: Say) -> dict[str, Any]:
+    """ResNet-18, bf16, channels_last, 224 px on one GPU: dpt against the plain loop on
+    synthetic images; the model's ceiling against JPEGs decoded on the GPU."""
+    if not torch.cuda.is_available():
+        say("  no CUDA device: GPU section skipped")
+        return {"gpu": None}
+    root = make_jpegs(tmp / "gpu-coco", 200)
+    workers = max(1, min(8, (os.cpu_count() or 2) - 2))
+    in_process = measure(root, torch.device("cuda"), workers=workers)
+    say("  in-process GPU measurements done")
+    work = Workload(
+        "resnet18", batch_size=256, warmup_steps=10, steps=40, image_size=224, device="cuda",
+        precision="bf16-mixed", channels_last=True, num_workers=workers, num_samples=16384,
+    )  # fmt: skip
+    pair = (Job("plain", "single", 1, work), Job("dpt", "single", 1, work))
+    env = child_env(args, "cuda")
+    results = run_rounds([pair], max(3, args.rounds), tmp / "gpu", env, say, args.retried)
+    return {
+        "gpu": {
+            "device": torch.cuda.get_device_name(),
+            "workers": workers,
+            "in_process": in_process,
+            "loop": loop_ratio_row(results, *pair),
+        }
+    }
 
 
 class JpegBytes(Dataset):
@@ -122,10 +159,11 @@ def measure(
         "synthetic": synthetic_batches(device, batch, image_size),
         "jpeg_gpu_decode": jpeg_batches(root, device, batch, image_size, workers),
     }
-    rates: dict[str, list[float]] = {name: [] for name in sources}
-    for _ in range(rounds):
-        for name, batches in sources.items():
-            rates[name].append(images_per_s(device, batches, model, steps, warmup=5))
+
+    def rate(batches: Batches) -> float:
+        return images_per_s(device, batches, model, steps, warmup=5)
+
+    rates = alternate({name: functools.partial(rate, b) for name, b in sources.items()}, rounds)
     return {
         "synthetic": Stat.of(rates["synthetic"]),
         "jpeg_gpu_decode": Stat.of(rates["jpeg_gpu_decode"]),

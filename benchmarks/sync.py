@@ -1,4 +1,6 @@
-"""Gradient synchronisation and the loop's per-step costs, inside a real world of processes.
+"""Section `sync`: gradient synchronisation and the loop's per-step costs, inside a real world of
+processes (2 CPU ranks over Gloo; the per-step costs also in 1). Report: benchmarks/report/sync.py
+(4) and benchmarks/report/overhead.py (6).
 
 Bus bandwidth (the nccl-tests convention): busbw = 2 (n - 1) / n x bytes / time, for an
 all-reduce over n ranks. Three ways to time the gradients' all-reduce, alternated round by round:
@@ -23,36 +25,30 @@ blocks of `MAX_WINDOWS` windows, so that each block holds one agreement and all 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import functools
 import io
-import json
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
-from bench_common import Stat, paired_ratios, time_calls
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from benchmarks.runner import Say, Stat, alternate, paired_ratios, spawn_world, time_calls
 from dpt.data.loaders import build_loaders
 from dpt.data.synthetic import SyntheticData
-from dpt.distributed import DistEnv, env_from_environment, init_process_group
-from dpt.distributed import destroy_process_group as dpt_destroy
+from dpt.distributed import DistEnv
 from dpt.launch.cli import compose_from_argv
-from dpt.launch.launchers import restored_environ
 from dpt.loop.agreement import MAX_WINDOWS, Agreement
 from dpt.loop.interrupt import StopRequest
 from dpt.loop.strategy import DDP
@@ -60,7 +56,19 @@ from dpt.models.mlp import MLP
 from dpt.models.resnet import resnet
 from dpt.observe.logs import setup_logging
 from dpt.observe.metrics import MetricsLogger
-from dpt.rendezvous import loopback_store
+
+
+def run(args: argparse.Namespace, tmp: Path, say: Say) -> dict[str, Any]:
+    """(4) gradient all-reduce against a bare all-reduce, on a 2-rank Gloo world; and the
+    per-step costs of dpt's loop at world sizes 1 and 2."""
+    models = [SyncModel("mlp", 64, rounds=3 if args.smoke else 10 if args.quick else 30)]
+    if not args.quick:
+        models.append(SyncModel("resnet18", 32, image_size=32, rounds=7))
+    calls = 10 if args.smoke else 50 if args.quick else 300
+    world2 = measure(2, models, args.threads, calls)
+    say("  2-rank world done")
+    world1 = measure(1, [], args.threads, calls)
+    return {"sync": world2["models"], "per_step": {1: world1["per_step"], 2: world2["per_step"]}}
 
 
 @dataclass(frozen=True)
@@ -73,45 +81,16 @@ class SyncModel:
 
 def measure(world: int, models: list[SyncModel], threads: int, per_step_calls: int) -> dict:
     """Start `world` CPU ranks over Gloo; rank 0's measurements come back as a dict."""
-    with tempfile.TemporaryDirectory(prefix="dpt-bench-sync-") as tmp:
-        out = Path(tmp) / "sync.json"
-        # This process serves the rendezvous store, as torchrun's agent does, on 127.0.0.1 at a
-        # port the OS picks and keeps (a port found free and then released could be taken).
-        store = loopback_store(0, True, timedelta(seconds=600))
-        with restored_environ():
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
-            os.environ.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
-            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # the ranks are its clients
-            args = ([asdict(m) for m in models], threads, per_step_calls, Path(tmp))
-            mp.spawn(_rank, args=args, nprocs=world)
-        return json.loads(out.read_text(), object_hook=_stat_from_json)
+    return spawn_world(world, _rank, ([asdict(m) for m in models], per_step_calls), threads)
 
 
-def _rank(rank: int, models: list[dict], threads: int, calls: int, tmp: Path) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
-    torch.set_num_threads(threads)
-    env = env_from_environment("cpu")
-    init_process_group(env, timeout_s=600)
-    try:
-        report: dict[str, Any] = {"per_step": per_step_costs(env, tmp, calls)}
-        if env.world_size == 1:
-            report["per_step"] |= fetch_costs(calls)
-        if env.world_size > 1:
-            report["models"] = [sync_of(SyncModel(**m), env) for m in models]
-        if rank == 0:
-            (tmp / "sync.json").write_text(json.dumps(report, default=_stat_to_json))
-    finally:
-        dpt_destroy()
-
-
-def _stat_to_json(value: object) -> object:
-    if isinstance(value, Stat):
-        return asdict(value)
-    raise TypeError(type(value))
-
-
-def _stat_from_json(obj: dict[str, Any]) -> object:
-    return Stat(**obj) if obj.keys() == {"median", "low", "high", "n"} else obj
+def _rank(env: DistEnv, tmp: Path, models: list[dict], calls: int) -> dict[str, Any]:
+    report: dict[str, Any] = {"per_step": per_step_costs(env, tmp, calls)}
+    if env.world_size == 1:
+        report["per_step"] |= fetch_costs(calls)
+    if env.world_size > 1:
+        report["models"] = [sync_of(SyncModel(**m), env) for m in models]
+    return report
 
 
 # --- gradient all-reduce --------------------------------------------------------------------
@@ -215,18 +194,19 @@ def sync_of(spec: SyncModel, env: DistEnv) -> dict[str, Any]:
         "one_bucket": lambda: step(one_bucket),
         **{name: functools.partial(step, m) for name, m in models.items()},
     }
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    busy: dict[str, list[float]] = {"hooked": [], "one_bucket": []}
     timers = {"hooked": timer, "one_bucket": one_timer}
-    for r in range(spec.rounds + 2):  # two warmup rounds: DDP rebuilds its buckets at first
-        for name, fn in variants.items():
-            dist.barrier()  # both ranks start together: rank 0's clock times the collective
-            (elapsed,) = time_calls(fn, 1)
-            if name in timers:
-                busy[name].append(timers[name].busy_s())
-            if r >= 2:
-                times[name].append(elapsed)
-    busy = {name: values[2:] for name, values in busy.items()}
+
+    def timed_step(name: str, fn: Callable[[], object]) -> tuple[float, float | None]:
+        """Seconds of one call, and, for the hooked models, of its buckets in flight."""
+        dist.barrier()  # both ranks start together: rank 0's clock times the collective
+        (elapsed,) = time_calls(fn, 1)
+        return elapsed, timers[name].busy_s() if name in timers else None
+
+    # Two warmup rounds: DDP rebuilds its buckets at first.
+    contenders = {name: functools.partial(timed_step, name, fn) for name, fn in variants.items()}
+    measured = alternate(contenders, spec.rounds, warmup=2)
+    times = {name: [t for t, _ in values] for name, values in measured.items()}
+    busy = {name: [b for _, b in measured[name] if b is not None] for name in timers}
     gb = 2 * (env.world_size - 1) / env.world_size * 4 * numel / 1e9  # bus GB per all-reduce
     exposed = [a - b for a, b in zip(times["sync"], times["no_sync"], strict=True)]
     return {
@@ -348,12 +328,15 @@ def fetch_costs(calls: int) -> dict[str, Stat]:
         "fetch_dpt_us": build_loaders(data, one, 64, seed=0).train,
         "fetch_plain_us": DataLoader(plain, batch_size=64, sampler=sampler, drop_last=True),
     }
-    batches = {name: _forever(loader) for name, loader in loaders.items()}
-    times: dict[str, list[float]] = {name: [] for name in loaders}
-    for _ in range(max(5, calls // 32)):
-        for name, it in batches.items():
-            times[name] += time_calls(functools.partial(next, it), 32)
-    return {name: Stat.of([t * 1e6 for t in values]) for name, values in times.items()}
+    blocks = {
+        name: functools.partial(time_calls, functools.partial(next, _forever(loader)), 32)
+        for name, loader in loaders.items()
+    }  # 32 fetches a block, timed one by one
+    times = alternate(blocks, max(5, calls // 32))
+    return {
+        name: Stat.of([t * 1e6 for block in values for t in block])
+        for name, values in times.items()
+    }
 
 
 def _forever(loader: DataLoader) -> Iterator[Any]:

@@ -1,5 +1,7 @@
-"""The input pipeline of one loader worker: JPEG images per second for the training sample (decode,
-random-resized crop, flip, normalize) against decoding alone, on the same photo-sized files.
+"""Section `pipeline`, the input pipeline of one loader worker: JPEG images per second for the
+training sample (decode, random-resized crop, flip, normalize) against decoding alone, on the same
+photo-sized files; where CUDA is, batched decoding on the GPU too. Report:
+benchmarks/report/pipeline.py.
 
 A DataLoader worker runs one intra-op thread, so everything here runs with one thread. The files
 are made up (a smooth colour field plus grain, 640x480, quality 90: about the size and entropy of
@@ -8,6 +10,8 @@ a COCO photo) and laid out as COCO, so the dpt variant is `CocoClassification.__
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -15,15 +19,26 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_common import Stat, paired_ratios, time_calls
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms import v2
 
+from benchmarks.runner import Say, Stat, alternate, paired_ratios, time_calls
 from dpt.data.coco import CocoClassification
 from dpt.data.images import IMAGENET_MEAN, IMAGENET_STD, read_image_rgb, train_transform
 
 SPLIT = "train"
+
+
+def run(args: argparse.Namespace, tmp: Path, say: Say) -> dict[str, Any]:
+    """(3) images/s per loader worker: training transform against decode-only."""
+    count, rounds = (6, 1) if args.smoke else (12, 2) if args.quick else (100, 5)
+    root = make_jpegs(tmp / "coco", count)
+    say(f"  {count} JPEGs of 640x480 written; timing one worker")
+    rows = measure_cpu(root, image_size=224, rounds=rounds)
+    if torch.cuda.is_available():
+        rows += measure_gpu_decode(root, 224, batch=128, rounds=rounds, device=torch.device("cuda"))
+    return {"pipeline": rows, "pipeline_files": count}
 
 
 def make_jpegs(root: Path, count: int, size: tuple[int, int] = (640, 480), seed: int = 0) -> Path:
@@ -96,15 +111,16 @@ def measure_cpu(root: Path, image_size: int, rounds: int) -> list[dict[str, Any]
     torch.manual_seed(0)
     variants = cpu_variants(root, image_size)
     count = len(files_of(root))
-    rates: dict[str, list[float]] = {name: [] for name in variants}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # what a DataLoader worker runs with; later sections get it back
-    try:
-        for r in range(rounds + 1):  # round 0 warms the page cache and the allocators
-            for name, sample in variants.items():
-                (elapsed,) = time_calls(lambda s=sample: [s(i) for i in range(count)], 1)
-                if r:
-                    rates[name].append(count / elapsed)
+
+    def one_pass(sample: Callable[[int], Any]) -> float:
+        (elapsed,) = time_calls(lambda: [sample(i) for i in range(count)], 1)
+        return count / elapsed
+
+    try:  # a warmup round first: the page cache, the allocators
+        passes = {name: functools.partial(one_pass, sample) for name, sample in variants.items()}
+        rates = alternate(passes, rounds, warmup=1)
     finally:
         torch.set_num_threads(threads)
     rows = []
@@ -150,18 +166,14 @@ def measure_gpu_decode(
     def decode(items: list[torch.Tensor]) -> list[torch.Tensor]:
         return decode_jpeg(items, mode=ImageReadMode.RGB, device=device)  # type: ignore[return-value]
 
-    def run(fn: Callable[[list[torch.Tensor]], Any]) -> float:
+    def rate(fn: Callable[[list[torch.Tensor]], Any]) -> float:
         sync()
         (elapsed,) = time_calls(lambda: ([fn(b) for b in batches], sync()), 1)
         return len(batches) * batch / elapsed
 
     variants = {"decode only": decode, "train transform": lambda b: transform(decode(b))}
-    rates: dict[str, list[float]] = {name: [] for name in variants}
-    for r in range(rounds + 1):
-        for name, fn in variants.items():
-            rate = run(fn)
-            if r:
-                rates[name].append(rate)
+    contenders = {name: functools.partial(rate, fn) for name, fn in variants.items()}
+    rates = alternate(contenders, rounds, warmup=1)
     return [
         {
             "decoder": f"decode_jpeg batched on {device.type}",

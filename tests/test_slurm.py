@@ -1,4 +1,7 @@
-"""`python train.py -m launcher=slurm ...` against the real local SLURM cluster.
+"""The real local SLURM cluster (scripts/slurm_local.sh, from tests/slurm_fixture.py: root and
+apt needed; DPT_SKIP_SLURM=1 skips): first the cluster itself driven by submitit, then
+`python train.py -m launcher=slurm ...` against it. One file, so that pytest-xdist runs every
+SLURM test in one worker, against the one cluster they share.
 
 Each job of the sweep is one SLURM job with one task per rank; the sweep summary lists every job,
 also those that failed, were cancelled or were requeued while the others ran on.
@@ -14,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import submitit
+from submitit.core.utils import UncompletedJobError
 
 from tests.helpers import FAST, TRAIN, run_cmd, summary
 
@@ -120,3 +125,48 @@ def test_failed_cancelled_and_requeued_jobs(tmp_path: Path) -> None:
     assert rows[1]["steps"] == "300" and rows[1]["job_dir"] == "1"
     log = log1.read_text()
     assert log.count("world size 1") == 2 and "resumed from" in log
+
+
+# --- the cluster itself, through submitit --------------------------------------------------------
+
+
+def _executor(folder: Path) -> submitit.AutoExecutor:
+    executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
+    # Not shorter: submitit asks SLURM for SIGUSR2 90 s before the time limit, and with a 2-minute
+    # limit that signal could end the job while the test still waits for it to run.
+    executor.update_parameters(
+        nodes=1, tasks_per_node=2, cpus_per_task=1, timeout_min=10, name="dpt-slurm-smoke"
+    )
+    return executor
+
+
+@pytest.mark.timeout(120)
+def test_two_tasks_get_slurm_env(tmp_path: Path) -> None:
+    def task_env() -> dict[str, str]:  # local function: cloudpickled by value into the job
+        import os
+
+        keys = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST")
+        return {key: os.environ.get(key, "") for key in keys}
+
+    job = _executor(tmp_path).submit(task_env)
+    results = job.results()
+    assert len(results) == 2
+    assert sorted(r["SLURM_PROCID"] for r in results) == ["0", "1"]
+    assert sorted(r["SLURM_LOCALID"] for r in results) == ["0", "1"]
+    assert all(r["SLURM_NTASKS"] == "2" for r in results)
+    assert all(r["SLURM_JOB_NODELIST"] for r in results)
+
+
+@pytest.mark.timeout(120)
+def test_cancelled_job_raises(tmp_path: Path) -> None:
+    job = _executor(tmp_path).submit(time.sleep, 300)
+    deadline = time.time() + 30
+    while job.state != "RUNNING" and time.time() < deadline:
+        time.sleep(0.5)
+    assert job.state == "RUNNING"
+    job.cancel()
+    start = time.time()
+    with pytest.raises(UncompletedJobError):
+        job.result()
+    assert time.time() - start < 60
+    assert job.state.startswith("CANCELLED")

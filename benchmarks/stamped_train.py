@@ -1,10 +1,11 @@
 """`train.py`, stamping the moment its first optimizer step returns: for the start-up benchmark.
 
-Used by scripts/bench.py only. With DPT_BENCH_FIRST_STEP=<file> in the environment, rank 0
-writes `time.time()` there when its first `optimizer.step()` returns, through a global optimizer
-hook that then removes itself: nothing else differs from `train.py`, and the plain loop stamps
-the same moment (scripts/plain_loop.py). Stamping at a logging step instead would bill dpt for
-its first metrics write (TensorBoard's import) and the plain loop for its first print.
+Run by the benchmark only (benchmarks/jobs.py starts it as a file, as users start `train.py`).
+With DPT_BENCH_FIRST_STEP=<file> in the environment, rank 0 writes `time.time()` there when its
+first `optimizer.step()` returns, through a global optimizer hook that then removes itself:
+nothing else differs from `train.py`, and the plain loop stamps the same moment
+(benchmarks/plain_loop.py). Stamping at a logging step instead would bill dpt for its first
+metrics write (TensorBoard's import) and the plain loop for its first print.
 
 Like `train.py`, this file imports neither torch nor the CLI at module level: a single run gets
 the hook when its job starts; each rank of a local world runs this file again as `__mp_main__`
@@ -14,11 +15,17 @@ the hook when its job starts; each rank of a local world runs this file again as
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import FIRST_STEP_ENV  # importing it puts this checkout's dpt on sys.path
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # dpt from this checkout, wherever the file is started from
+    sys.path.insert(0, str(REPO))
+
+# The file in which this script stamps dpt's first optimizer step (unset: no stamp).
+FIRST_STEP_ENV = "DPT_BENCH_FIRST_STEP"
 
 
 def stamp_first_step() -> None:

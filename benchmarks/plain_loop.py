@@ -5,11 +5,11 @@ Written the way a careful user writes one, with nothing taken from dpt: Distribu
 DataLoader, DistributedDataParallel, Adam, cross-entropy; pinned memory and non-blocking copies on
 CUDA; the loss stays on the device and is read back only every --log-every steps. The data, model
 and seeds are those of dpt's `model=mlp dataset=synthetic` and `model=resnet18 dataset=fake_images`,
-so both do the same arithmetic on the same batches (scripts/bench.py checks the losses agree).
+so both do the same arithmetic on the same batches (the benchmark checks the losses agree).
 
-    python scripts/plain_loop.py --model mlp --steps 200                     # one process
-    python scripts/plain_loop.py --model resnet18 --nproc 2 --batch-size 32  # DDP on 2 processes
-    torchrun --nproc_per_node=2 scripts/plain_loop.py --model mlp            # ... or under torchrun
+    python benchmarks/plain_loop.py --model mlp --steps 200                     # one process
+    python benchmarks/plain_loop.py --model resnet18 --nproc 2 --batch-size 32  # DDP on 2 procs
+    torchrun --nproc_per_node=2 benchmarks/plain_loop.py --model mlp            # ... or torchrun
 
 `--out FILE` makes rank 0 write, as JSON, the wall-clock time (time.time()) and the window's mean
 loss at every logging step, and the time its first optimizer step returned: the benchmark computes
@@ -176,7 +176,7 @@ def train(
             loss.backward()
             optimizer.step()
             step += 1
-            if step == 1:  # what scripts/bench_train.py stamps for dpt: step() has returned
+            if step == 1:  # what stamped_train.py stamps for dpt: step() has returned
                 first_step = time.time()
             window_loss += loss.detach()
             if step % args.log_every == 0:
