@@ -18,7 +18,10 @@ from tests.helpers import compose
 
 @pytest.fixture(autouse=True)
 def _restored() -> Iterator[None]:
-    """Every test leaves the collector as it found it (on, nothing frozen)."""
+    """Every test starts and leaves with the collector on and nothing frozen (an in-process
+    run of another test file in the same pytest worker may have frozen its objects)."""
+    gc.unfreeze()
+    gc.enable()
     yield
     gc.unfreeze()
     gc.enable()

@@ -8,11 +8,12 @@ is known to be good.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -73,7 +74,26 @@ def _hydra_main(cfg: DictConfig) -> Any:
 
 def main() -> None:
     """`dpt [overrides]` and `python train.py [overrides]`: the same command."""
-    run(_hydra_main)
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        run(_hydra_main)
+        return
+    code = 0
+    try:
+        run(_hydra_main)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    leave_at_once(code)
+
+
+def leave_at_once(code: int) -> NoReturn:
+    """A rank torchrun started ends here, its work done and its files closed: without the
+    interpreter's finalization, where torch 2.14's Gloo threads can abort the process
+    ("terminate called without an active exception", SIGABRT) after a successful run. dpt's own
+    local ranks leave the same way (a forked multiprocessing child ends with os._exit)."""
+    logging.shutdown()  # the rank's log file, flushed and closed
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run(hydra_main: Callable[[], Any]) -> None:
