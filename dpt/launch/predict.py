@@ -214,15 +214,12 @@ def _first_line(error: BaseException) -> str:
 
 
 def pick_device(name: str | None = None) -> torch.device:
+    """`name`, or what a run's `trainer.device=auto` takes: CUDA, then MPS, then CPU."""
     import torch
 
-    if name is not None:
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
+    from dpt.distributed import available_accelerator
+
+    return torch.device(name or available_accelerator())
 
 
 # --- which files ----------------------------------------------------------------------------------
