@@ -131,7 +131,10 @@ def _scan_split(root: str, split_dir: str) -> tuple[list[str], list[Sample]]:
     samples: list[Sample] = []
     empty: list[str] = []
     for label, name in enumerate(classes):
-        files = sorted(_images_under(root, class_dirs[name]))
+        try:
+            files = sorted(images_under(class_dirs[name]))
+        except OSError as e:
+            raise _layout_error(root, f"cannot read {e.filename}: {e.strerror or e}") from e
         if not files:
             empty.append(class_dirs[name])
         samples.extend((path, label) for path in files)
@@ -164,12 +167,14 @@ def _class_folders(root: str, split_dir: str) -> tuple[dict[str, str], list[str]
     return folders, stray
 
 
-def _images_under(root: str, folder: str) -> list[str]:
-    """Every image file below `folder`, in subfolders too, skipping hidden entries. Symlinked
-    folders are followed (data sets are often linked together), each real folder once."""
+def images_under(folder: str | os.PathLike[str]) -> list[str]:
+    """Every image file below `folder`, in subfolders too, skipping hidden entries (what a data
+    set reads there; dpt-predict searches folders with it too). Symlinked folders are followed
+    (data sets are often linked together), each real folder once. OSError for a folder that
+    cannot be read."""
     found: list[str] = []
     seen: set[tuple[int, int]] = set()
-    pending = [folder]
+    pending = [os.fspath(folder)]
     while pending:
         current = pending.pop()
         try:
@@ -179,7 +184,9 @@ def _images_under(root: str, folder: str) -> list[str]:
         if (st.st_dev, st.st_ino) in seen:
             continue  # a link loop, or the same folder linked twice
         seen.add((st.st_dev, st.st_ino))
-        for entry in _entries(root, current):
+        with os.scandir(current) as entries:
+            listed = list(entries)
+        for entry in listed:
             if entry.name.startswith("."):
                 continue
             if _is_dir(entry):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpt import user_code
-from dpt.data.folder_layout import IMAGE_EXTENSIONS
+from dpt.data.folder_layout import images_under
 from dpt.errors import DptError, could_not_write, one_line
 from dpt.state.results import BEST_MODEL, DATA_FILE, LAST_MODEL, RunData, read_run_data
 
@@ -245,15 +245,11 @@ def image_files(paths: Sequence[str]) -> list[Path]:
 
 
 def _images_under(folder: Path) -> list[Path]:
-    """The image files a data set would read there (dpt.data.folder_layout's suffixes; hidden
-    files and folders, such as macOS's `._x.jpg`, left out)."""
-    return sorted(
-        p
-        for p in folder.rglob("*")
-        if p.suffix.lower() in IMAGE_EXTENSIONS
-        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-        and p.is_file()
-    )
+    """The image files a data set would read there (dpt.data.folder_layout), sorted."""
+    try:
+        return sorted(Path(path) for path in images_under(folder))
+    except OSError as error:
+        raise DptError(f"cannot read {error.filename}: {error.strerror or error}") from error
 
 
 # --- predicting -----------------------------------------------------------------------------------
