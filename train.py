@@ -8,6 +8,6 @@ torchrun --standalone --nproc_per_node=2 train.py strategy=ddp launcher=torchrun
 if __name__ == "__main__":
     # Imported here, not above: each rank of a local world runs this file again (as
     # `__mp_main__`, multiprocessing's way to find the main module) and needs none of the CLI.
-    from dpt.launch.cli import main
+    from dpt.launch.cli import entry
 
-    main()
+    entry()

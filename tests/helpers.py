@@ -68,12 +68,20 @@ def run_cmd(
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
-        raise AssertionError(f"timed out after {timeout}s: {cmd}\n{stdout}\n{stderr}") from None
+        report = _failure_report(Result(proc.returncode, stdout, stderr))
+        raise AssertionError(f"timed out after {timeout}s: {' '.join(cmd)}\n{report}") from None
     assert_no_leftovers(proc.pid)
     result = Result(proc.returncode, stdout, stderr)
     if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}: {' '.join(cmd)}\n{result.output}")
+        raise AssertionError(f"exit {proc.returncode}: {' '.join(cmd)}\n{_failure_report(result)}")
     return result
+
+
+def _failure_report(result: Result, last: int = 15) -> str:
+    """stderr's last lines first (where a failed run says why), then everything: a CI log that
+    shows only the start of a long message still shows the reason."""
+    tail = "\n".join(result.stderr.splitlines()[-last:])
+    return f"--- stderr's last {last} lines ---\n{tail}\n--- all output ---\n{result.output}"
 
 
 def session_members(session: int) -> list[int]:

@@ -90,7 +90,7 @@ def test_the_wheel_ships_config_groups_plugin_and_entry_point(installed: Install
         "hydra_plugins/dpt_slurm_launcher/dpt_slurm_launcher.py",
     ):
         assert shipped in names, shipped
-    assert "dpt = dpt.launch.cli:main" in scripts
+    assert "dpt = dpt.launch.cli:entry" in scripts
 
 
 @pytest.mark.timeout(120)

@@ -45,21 +45,34 @@ def _tb_steps(folder: Path, tag: str = "train/loss") -> list[int]:
     return [e.step for e in acc.Scalars(tag)]
 
 
+# The uninterrupted ddp run and one stopped by max_steps at 25 (no loader workers), shared by
+# the tests that resume a copy of the stopped one or compare with the uninterrupted one.
+REFERENCE = [*FAST, *DDP, *CKPT]
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("ddp_runs")
+    train(root / "full", *REFERENCE, "trainer.max_steps=40")
+    train(root / "stopped", *REFERENCE, "trainer.max_steps=25")
+    assert (root / "stopped" / "checkpoints" / "step-00000025" / "COMMITTED").exists()
+    return {"full": root / "full", "stopped": root / "stopped"}
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("workers", [0, 2])
-def test_ddp_stopped_by_max_steps_resumes_to_the_same_weights(tmp_path: Path, workers: int) -> None:
-    common = [*FAST, *DDP, *CKPT, f"dataset.num_workers={workers}"]
-    train(tmp_path / "full", *common, "trainer.max_steps=40")
-    train(tmp_path / "cut", *common, "trainer.max_steps=25")
-    assert (tmp_path / "cut" / "checkpoints" / "step-00000025" / "COMMITTED").exists()
-    resumed = train(tmp_path / "cut", *common, "trainer.max_steps=40")
+def test_ddp_stopped_by_max_steps_resumes_to_the_same_weights(
+    ddp_runs: dict[str, Path], tmp_path: Path, workers: int
+) -> None:
+    """Stopped without loader workers, resumed without or with 2 per rank: the same samples."""
+    cut = tmp_path / "cut"
+    shutil.copytree(ddp_runs["stopped"], cut)
+    resumed = train(cut, *REFERENCE, f"dataset.num_workers={workers}", "trainer.max_steps=40")
     assert "resumed from" in resumed.stdout and "at step 25" in resumed.stdout
-    _assert_same_weights(tmp_path / "full", tmp_path / "cut")
+    _assert_same_weights(ddp_runs["full"], cut)
     # The curves continue at the right step, without duplicates.
     for folder in ("rank0", "rank1", "world"):
-        assert _tb_steps(tmp_path / "cut" / "tb" / folder) == _tb_steps(
-            tmp_path / "full" / "tb" / folder
-        )
+        assert _tb_steps(cut / "tb" / folder) == _tb_steps(ddp_runs["full"] / "tb" / folder)
 
 
 def _run_until(run_dir: Path, overrides: list[str], marker: str, sig: int) -> Result:
@@ -239,17 +252,15 @@ def test_ddp_rollback_to_an_older_checkpoint_then_auto_continues_the_new_branch(
 
 @pytest.mark.timeout(600)
 def test_ddp_2x32_resumed_on_4x16_or_1x64_ends_with_the_uninterrupted_weights(
-    tmp_path: Path,
+    ddp_runs: dict[str, Path], tmp_path: Path
 ) -> None:
     # 2048 samples / global batch 64 = 32 steps per epoch: 25 is mid-epoch, 40 in the next one.
-    common = [*FAST, *CKPT]
-    train(tmp_path / "full", *common, *DDP, "trainer.max_steps=40")
     world_4 = ["strategy=ddp", "launcher.nproc_per_node=4", "trainer.batch_size=16"]
     world_1 = ["strategy=single", "trainer.batch_size=64"]
-    train(tmp_path / "stopped", *common, *DDP, "trainer.max_steps=25")
     for name, other in (("four", world_4), ("one", world_1)):
-        shutil.copytree(tmp_path / "stopped", tmp_path / name)  # one stopped run, resumed twice
-        resumed = train(tmp_path / name, *common, *other, "trainer.max_steps=40", timeout=240)
+        shutil.copytree(ddp_runs["stopped"], tmp_path / name)  # one stopped run, resumed twice
+        resumed = train(tmp_path / name, *FAST, *CKPT, *other, "trainer.max_steps=40",
+                        timeout=240)  # fmt: skip
         assert "at step 25" in resumed.stdout and "resuming at sample" not in resumed.stdout
         world = 4 if name == "four" else 1
         assert (
@@ -257,7 +268,8 @@ def test_ddp_2x32_resumed_on_4x16_or_1x64_ends_with_the_uninterrupted_weights(
             "rank's are re-derived from (trainer.seed, rank, step 25)"
         ) in resumed.stdout
         # The same global batch: the same samples at every step; only the sums' order differs.
-        assert max_abs_diff(load_weights(tmp_path / "full"), load_weights(tmp_path / name)) < 1e-5
+        weights = load_weights(tmp_path / name)
+        assert max_abs_diff(load_weights(ddp_runs["full"]), weights) < 1e-5
 
 
 @pytest.mark.timeout(300)

@@ -7,10 +7,12 @@ is known to be good.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -73,16 +75,31 @@ def _hydra_main(cfg: DictConfig) -> Any:
 
 
 def main() -> None:
-    """`dpt [overrides]` and `python train.py [overrides]`: the same command."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
-        run(_hydra_main)
-        return
-    code = 0
+    """`dpt [overrides]` and `python train.py [overrides]`: the same command. Returns, or raises
+    SystemExit (exit 1 after a one-line error), so it can also be called in a process that goes
+    on; `entry` is the command's own process."""
+    run(_hydra_main)
+
+
+def entry() -> NoReturn:
+    """The `dpt` command's process (and train.py's): `main`, then leave without the interpreter's
+    finalization, which with torch imported costs about half a second after the run is done."""
     try:
-        run(_hydra_main)
+        main()
+        code = 0
     except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-    leave_at_once(code)
+        code = exit_code(stop)
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        leave_at_once(code)
+    leave_after_exit_handlers(code)
+
+
+def exit_code(stop: SystemExit) -> int:
+    """The status Python gives `sys.exit(code)`: a message is printed, and means 1."""
+    if stop.code is None or isinstance(stop.code, int):
+        return stop.code or 0
+    print(stop.code, file=sys.stderr)
+    return 1
 
 
 def leave_at_once(code: int) -> NoReturn:
@@ -91,6 +108,19 @@ def leave_at_once(code: int) -> NoReturn:
     ("terminate called without an active exception", SIGABRT) after a successful run. dpt's own
     local ranks leave the same way (a forked multiprocessing child ends with os._exit)."""
     logging.shutdown()  # the rank's log file, flushed and closed
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def leave_after_exit_handlers(code: int) -> NoReturn:
+    """End this process as Python would, up to its exit handlers, then without the rest of
+    finalization (freeing every module's objects), which changes nothing for a process about to
+    end. First what the interpreter itself calls: threading's shutdown, which runs the hooks that
+    stop executors' threads (concurrent.futures, joblib's) and joins the non-daemon threads; then
+    the exit handlers (logging's, multiprocessing's, a user's)."""
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

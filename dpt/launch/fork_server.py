@@ -27,7 +27,7 @@ START_METHOD = "forkserver"
 
 # What every rank imports before its first step: dpt's worker (torch, dpt's parts, Hydra's
 # instantiate) and torch._dynamo, which the optimizer's constructor imports.
-PRELOAD = ("dpt.launch.worker", "torch._dynamo")
+PRELOAD = ("dpt.launch.worker", "torch._dynamo", "dpt.launch.server_exit")
 
 
 # The environment the running server was started with (its ranks' environment).
