@@ -148,26 +148,32 @@ def test_console_lines_are_rank_prefixed(tmp_path: Path) -> None:
     assert "[rank 1]" in (tmp_path / "run" / "logs" / "rank1.log").read_text()
 
 
-@pytest.mark.timeout(300)
-def test_same_seed_same_weights_different_seed_different(tmp_path: Path) -> None:
-    common = [*FAST, "trainer.max_steps=10"]
-    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
-        train(tmp_path / name, *common, f"trainer.seed={seed}")
-    a, b, c = (load_weights(tmp_path / n) for n in "abc")
-    assert max_abs_diff(a, b) == 0.0
-    assert max_abs_diff(a, c) > 1e-3
+# The shared single run's arguments (`runs["single-sgd"]`): sgd is the default optimizer.
+SINGLE_SGD = [*FAST, "optimizer=sgd", f"trainer.max_steps={STEPS}", "trainer.batch_size=64"]
 
 
 @pytest.mark.timeout(300)
-def test_dp_without_two_gpus_runs_as_single_and_says_so(tmp_path: Path) -> None:
+def test_same_seed_same_weights_different_seed_different(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    for name, seed in (("again", 3), ("other", 4)):  # the shared run's seed is 3
+        train(tmp_path / name, *SINGLE_SGD, f"trainer.seed={seed}")
+    first, again, other = (load_weights(p) for p in (runs["single-sgd"], tmp_path / "again",
+                                                     tmp_path / "other"))  # fmt: skip
+    assert max_abs_diff(first, again) == 0.0
+    assert max_abs_diff(first, other) > 1e-3
+
+
+@pytest.mark.timeout(300)
+def test_dp_without_two_gpus_runs_as_single_and_says_so(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine has 2+ GPUs: dp really splits the batch here")
-    common = [*FAST, "trainer.max_steps=10"]
-    dp = train(tmp_path / "dp", *common, "strategy=dp")
-    train(tmp_path / "single", *common)
+    dp = train(tmp_path / "dp", *SINGLE_SGD, "trainer.seed=3", "strategy=dp")
     warnings = [ln for ln in dp.output.splitlines() if "DataParallel needs 2 or more" in ln]
     assert len(warnings) == 1
-    assert max_abs_diff(load_weights(tmp_path / "dp"), load_weights(tmp_path / "single")) == 0.0
+    assert max_abs_diff(load_weights(tmp_path / "dp"), load_weights(runs["single-sgd"])) == 0.0
 
 
 @pytest.mark.timeout(300)
