@@ -40,7 +40,7 @@ def test_the_command_keeps_its_status_threads_and_exit_handlers(args: list[str],
 def test_importing_the_servers_exit_elsewhere_changes_nothing() -> None:
     code = (
         "import atexit, sys; atexit.register(print, 'exit handler ran'); "
-        "import dpt.launch.server_exit; sys.exit(3)"
+        "import dpt.launch.process_exit; sys.exit(3)"
     )
     result = run_cmd([sys.executable, "-c", code], check=False, timeout=30)
     assert (result.returncode, result.stdout) == (3, "exit handler ran\n")
@@ -49,7 +49,7 @@ def test_importing_the_servers_exit_elsewhere_changes_nothing() -> None:
 # Python's own fork server, in a process of its own (this one's start method left alone).
 SERVER = """
 import multiprocessing
-from dpt.launch.server_exit import is_fork_server
+from dpt.launch.process_exit import is_fork_server
 if __name__ == "__main__":
     with multiprocessing.get_context("forkserver").Pool(1) as pool:
         print(is_fork_server(), pool.apply(is_fork_server))

@@ -7,12 +7,9 @@ is known to be good.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import logging
 import os
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -29,6 +26,7 @@ from dpt.config import build, register_configs
 from dpt.errors import Abort, DptError, could_not_write, is_disk_full, one_line
 from dpt.launch import run_lock
 from dpt.launch.hydra_run import CONFIG_NAME, CONFIG_PATH, hydra_app, hydra_args, run_hydra_main
+from dpt.launch.process_exit import exit_code, leave_after_exit_handlers, leave_at_once
 from dpt.launch.validate import validate
 from dpt.observe.logs import setup_logging
 
@@ -92,38 +90,6 @@ def entry() -> NoReturn:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         leave_at_once(code)
     leave_after_exit_handlers(code)
-
-
-def exit_code(stop: SystemExit) -> int:
-    """The status Python gives `sys.exit(code)`: a message is printed, and means 1."""
-    if stop.code is None or isinstance(stop.code, int):
-        return stop.code or 0
-    print(stop.code, file=sys.stderr)
-    return 1
-
-
-def leave_at_once(code: int) -> NoReturn:
-    """A rank torchrun started ends here, its work done and its files closed: without the
-    interpreter's finalization, where torch 2.14's Gloo threads can abort the process
-    ("terminate called without an active exception", SIGABRT) after a successful run. dpt's own
-    local ranks leave the same way (a forked multiprocessing child ends with os._exit)."""
-    logging.shutdown()  # the rank's log file, flushed and closed
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def leave_after_exit_handlers(code: int) -> NoReturn:
-    """End this process as Python would, up to its exit handlers, then without the rest of
-    finalization (freeing every module's objects), which changes nothing for a process about to
-    end. First what the interpreter itself calls: threading's shutdown, which runs the hooks that
-    stop executors' threads (concurrent.futures, joblib's) and joins the non-daemon threads; then
-    the exit handlers (logging's, multiprocessing's, a user's)."""
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def run(hydra_main: Callable[[], Any]) -> None:

@@ -26,8 +26,9 @@ from contextlib import contextmanager
 START_METHOD = "forkserver"
 
 # What every rank imports before its first step: dpt's worker (torch, dpt's parts, Hydra's
-# instantiate) and torch._dynamo, which the optimizer's constructor imports.
-PRELOAD = ("dpt.launch.worker", "torch._dynamo", "dpt.launch.server_exit")
+# instantiate) and torch._dynamo, which the optimizer's constructor imports; and process_exit,
+# which makes the server itself leave without finalization once its launcher has gone.
+PRELOAD = ("dpt.launch.worker", "torch._dynamo", "dpt.launch.process_exit")
 
 
 # The environment the running server was started with (its ranks' environment).
