@@ -53,6 +53,9 @@ class CheckpointConfig:
     enabled: bool = True
     every_n_steps: int | None = None
     keep: int = 3
+    # auto: the newest good checkpoint of the run folder (a damaged one is skipped, said so); a
+    # folder with an earlier run's work but none to resume is refused. never (or null): start
+    # over, the folder's step folders moved aside. A checkpoint folder: start from that one.
     resume: str | None = "auto"
     # Keep `model_best.pt` beside `model.pt`: the weights of the epoch with the best watched
     # metric (trainer.early_stopping.metric and .mode); needs validation, else nothing is kept.

@@ -9,9 +9,18 @@ from typing import Any
 
 import pytest
 import torch
+from tensorboard.compat.proto.summary_pb2 import Summary
 
 from dpt.distributed import DistEnv
-from dpt.state.checkpoint import MARKER, CheckpointError, Checkpoints, committed, strays
+from dpt.observe.event_file import EventFile, scalars_event, summary_event
+from dpt.state.checkpoint import (
+    MARKER,
+    CheckpointError,
+    Checkpoints,
+    committed,
+    step_folders,
+    strays,
+)
 from dpt.state.stateful import PlainState, Progress
 
 CPU1 = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
@@ -71,12 +80,12 @@ def test_rotation_keeps_the_newest_and_ignores_strays(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     folder = tmp_path / "checkpoints"
-    folder.mkdir()
-    (folder / "step-99999999.pt").write_bytes(b"\x00garbage")  # a high-numbered stray file
-    (folder / "step-99999998").mkdir()  # a folder named like a checkpoint, never committed
     ckpts = _checkpoints(tmp_path, keep=1)
     ckpts.resume("auto", _parts())
-    _save(ckpts, 1, 2, 3)
+    _save(ckpts, 1)
+    (folder / "step-99999999.pt").write_bytes(b"\x00garbage")  # a high-numbered stray file
+    (folder / "step-99999998").mkdir()  # a folder named like a checkpoint, never committed
+    _save(ckpts, 2, 3)
     assert _names(tmp_path) == ["step-00000003"]  # the new save never deletes itself
     assert {p.name for p in strays(folder)} == {"step-99999999.pt", "step-99999998"}
     named = [w for w in _warnings(caplog) if "not a committed checkpoint" in w]
@@ -145,19 +154,118 @@ def test_rollback_moves_the_newer_branch_aside(
     assert _names(tmp_path) == ["step-00000001", "step-00000002", "step-00000003"]
 
 
-def test_auto_refuses_to_start_over_when_no_checkpoint_loads(tmp_path: Path) -> None:
-    ckpts = _checkpoints(tmp_path)
+def _junk(folder: Path) -> None:
+    """Every file under `folder` overwritten with bytes of its own length (markers included)."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            path.write_bytes(bytes((7 * i + 3) % 256 for i in range(max(path.stat().st_size, 1))))
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+WAYS_ON = (
+    "set checkpoint.resume=never to start over in this run folder, or start a new one "
+    "(hydra.run.dir=...)"
+)
+
+
+def test_auto_refuses_when_every_checkpoint_is_damaged_and_moves_nothing(tmp_path: Path) -> None:
+    ckpts = _checkpoints(tmp_path, keep=3)
     ckpts.resume(None, _parts())
-    _save(ckpts, 1, 2)
-    for c in committed(tmp_path / "checkpoints"):
-        (c.path / ".metadata").write_bytes(b"garbage")
+    _save(ckpts, 1, 2, 3)
+    _junk(tmp_path / "checkpoints")
+    before = _tree(tmp_path)
     with pytest.raises(CheckpointError) as refused:
         _checkpoints(tmp_path).resume("auto", _parts())
     assert str(refused.value) == (
-        f"checkpoint.resume=auto: no checkpoint in {tmp_path / 'checkpoints'} loads (2 tried); "
-        "set checkpoint.resume=null to start over, or checkpoint.resume=<checkpoint folder> to "
-        "start from one"
+        f"checkpoint.resume=auto: every checkpoint in {tmp_path / 'checkpoints'} is damaged "
+        f"(3 found), nothing trained or moved; {WAYS_ON}"
     )
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("what", ["marker", "shards"])
+def test_a_damaged_newest_checkpoint_is_skipped_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, what: str
+) -> None:
+    ckpts = _checkpoints(tmp_path, keep=3)
+    ckpts.resume(None, _parts())
+    _save(ckpts, 1, 2)
+    newest = tmp_path / "checkpoints" / "step-00000002"
+    _junk(newest) if what == "marker" else _junk_shards(newest)
+    parts = _parts()
+    start = _checkpoints(tmp_path).resume("auto", parts)
+    assert start is not None and start.step == 1
+    assert torch.equal(parts["weights"].w, torch.full((3,), 1.0))
+    skipped = [w for w in _warnings(caplog) if w.startswith("skipped: ")]
+    reason = (
+        f"is damaged: its {MARKER} marker cannot be read"
+        if what == "marker"
+        else "is unreadable (cut off or corrupt)"
+    )
+    assert len(skipped) == 1 and skipped[0].startswith(f"skipped: checkpoint {newest} {reason}")
+    assert not newest.exists()  # moved aside with the branch it ended: kept for a person
+
+
+def _junk_shards(checkpoint: Path) -> None:
+    for path in checkpoint.iterdir():
+        if path.name != MARKER:
+            path.write_bytes(b"\x00junk" * 8)
+
+
+def test_a_checkpoint_asked_for_by_path_with_a_damaged_marker_is_named(tmp_path: Path) -> None:
+    ckpts = _checkpoints(tmp_path)
+    ckpts.resume(None, _parts())
+    _save(ckpts, 1)
+    path = tmp_path / "checkpoints" / "step-00000001"
+    (path / MARKER).write_bytes(b"\xff\xfe")
+    with pytest.raises(CheckpointError) as refused:
+        _checkpoints(tmp_path).resume(str(path), _parts())
+    assert str(refused.value) == f"checkpoint {path} is damaged: its {MARKER} marker cannot be read"
+
+
+@pytest.mark.parametrize("left", ["metrics.json", "step folder", "curves"])
+def test_a_folder_with_an_earlier_runs_work_is_never_trained_from_step_0(
+    tmp_path: Path, left: str
+) -> None:
+    if left == "metrics.json":
+        (tmp_path / "metrics.json").write_text("{}")
+        said = "metrics.json"
+    elif left == "step folder":
+        (tmp_path / "checkpoints" / "step-00000012").mkdir(parents=True)  # cut off uncommitted
+        said = "1 step folder(s) in checkpoints/"
+    else:
+        events = EventFile(tmp_path / "tb" / "rank0")
+        events.write([scalars_event({"train/loss": 1.0}, 36, 0.0)])
+        events.close()
+        said = "TensorBoard curves to step 36"
+    with pytest.raises(CheckpointError) as refused:
+        _checkpoints(tmp_path).resume("auto", _parts())
+    assert str(refused.value) == (
+        f"checkpoint.resume=auto: run folder {tmp_path} holds an earlier run's work ({said}) but "
+        f"no checkpoint to continue from, nothing trained; {WAYS_ON}"
+    )
+    assert _checkpoints(tmp_path).resume("never", _parts()) is None  # asked for: starts over
+
+
+def test_curves_without_a_trained_step_are_no_history(tmp_path: Path) -> None:
+    events = EventFile(tmp_path / "tb" / "rank0")  # what a run that failed at its start leaves
+    events.write([summary_event(Summary())])
+    events.close()
+    assert _checkpoints(tmp_path).resume("auto", _parts()) is None
+
+
+def test_never_starts_over_and_moves_every_step_folder_aside(tmp_path: Path) -> None:
+    ckpts = _checkpoints(tmp_path, keep=3)
+    ckpts.resume(None, _parts())
+    _save(ckpts, 1, 2)
+    _junk(tmp_path / "checkpoints" / "step-00000002")
+    assert _checkpoints(tmp_path).resume("never", _parts()) is None
+    (aside,) = (tmp_path / "checkpoints").glob("abandoned-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["step-00000001", "step-00000002"]
+    assert step_folders(tmp_path / "checkpoints") == []
 
 
 def test_a_checkpoint_missing_a_part_is_named(tmp_path: Path) -> None:

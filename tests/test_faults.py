@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,10 +21,12 @@ from tests.helpers import (
     TRAIN,
     Result,
     assert_no_leftovers,
+    committed_checkpoints,
     free_port,
     load_weights,
     read_checkpoint,
     run_until,
+    session_members,
     train,
 )
 
@@ -112,6 +116,82 @@ def test_max_restarts_restarts_the_world_and_continues_from_the_checkpoint(tmp_p
     assert "resumed from" in result.stdout
     full, cut = load_weights(tmp_path / "full"), load_weights(tmp_path / "cut")
     assert all(torch.equal(full[k], cut[k]) for k in full)
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_launcher_takes_its_ranks_with_it_and_the_folder_resumes(tmp_path: Path) -> None:
+    """SIGKILL of the `dpt` process (the OOM killer, a scheduler's hard kill): its fork server
+    and ranks end within seconds (parent-death signals), and the run folder is free for the
+    same command, which resumes from the newest checkpoint the ranks committed."""
+    common = [*FAST, *DDP, "trainer.max_steps=400", "checkpoint.every_n_steps=5",
+              "model.hidden_dims=[512,512]"]  # fmt: skip
+    gone_after: list[float] = []
+
+    def kill_the_launcher(proc: subprocess.Popen[str], line: str) -> None:
+        os.kill(proc.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        def watch() -> None:  # while run_until drains the pipes the ranks still write to
+            while session_members(proc.pid) and time.monotonic() - killed_at < 30:
+                time.sleep(0.1)
+            gone_after.append(time.monotonic() - killed_at)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    killed = run_until(tmp_path, common, "[rank 0] epoch 1 | step 10/", kill_the_launcher)
+    assert killed.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 35
+    while not gone_after and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone_after and gone_after[0] < 10, gone_after
+    newest = committed_checkpoints(tmp_path)[-1]
+    resumed = train(tmp_path, *common, "trainer.max_steps=30")
+    assert f"resumed from {newest} at step" in resumed.stdout
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_torchrun_agent_takes_its_ranks_with_it(tmp_path: Path) -> None:
+    """torchrun starts its ranks in sessions of their own: only their parent-death signal (set
+    by dpt in each rank) ends them when the agent is killed."""
+    cmd = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node=2", str(TRAIN),
+           "launcher=torchrun", *FAST, *DDP[:1], *DDP[2:], "trainer.max_steps=400",
+           "model.hidden_dims=[512,512]", f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    agent = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    ranks: list[int] = []
+    lines: list[str] = []
+    try:
+        assert agent.stdout is not None
+        for line in agent.stdout:
+            lines.append(line)
+            if "[rank 0] epoch 1 | step 10/" in line:
+                for rank in (0, 1):
+                    log = (tmp_path / "logs" / f"rank{rank}.log").read_text()
+                    ranks.append(int(dict(PID.findall(log))[str(rank)]))
+                os.kill(agent.pid, signal.SIGKILL)
+                break
+        killed_at = time.monotonic()
+        while any(_alive(pid) for pid in ranks) and time.monotonic() - killed_at < 30:
+            time.sleep(0.1)
+        assert len(ranks) == 2, "".join(lines)
+        assert time.monotonic() - killed_at < 10
+        assert not any(_alive(pid) for pid in ranks)
+    finally:
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+        agent.communicate()
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.mark.timeout(180)

@@ -93,7 +93,7 @@ def test_a_second_start_in_a_live_run_folder_stops_at_once(
     first = run_until(run, common, "step 10/40", start_another)
     assert first.returncode == -signal.SIGKILL
     assert second[0].returncode == 1
-    holder = json.loads((run / ".lock").read_text())
+    holder = run_lock.read_holders((run / ".lock").read_text())[0]
     assert holder["pid"] == launcher[0]  # the process the user started, not a worker
     assert second[0].stderr.strip() == (
         f"Error: run folder {run} is in use by another run (pid {holder['pid']} on "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from dpt import user_code
 from dpt.config import build, register_configs
 from dpt.errors import Abort, DptError, could_not_write, is_disk_full, one_line
-from dpt.launch import run_lock
+from dpt.launch import parent_death, run_lock
 from dpt.launch.hydra_run import CONFIG_NAME, CONFIG_PATH, hydra_app, hydra_args, run_hydra_main
 from dpt.launch.process_exit import exit_code, leave_after_exit_handlers, leave_at_once
 from dpt.launch.validate import validate
@@ -82,6 +83,7 @@ def main() -> None:
 def entry() -> NoReturn:
     """The `dpt` command's process (and train.py's): `main`, then leave without the interpreter's
     finalization, which with torch imported costs about half a second after the run is done."""
+    _end_with_starter()
     try:
         main()
         code = 0
@@ -90,6 +92,14 @@ def entry() -> NoReturn:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         leave_at_once(code)
     leave_after_exit_handlers(code)
+
+
+def _end_with_starter() -> None:
+    """A torchrun rank ends with its agent (SIGTERM: it checkpoints and leaves, as when the agent
+    passes a signal on); what this process forks (loader workers) ends with it."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        parent_death.end_with_parent(signal.SIGTERM)
+    parent_death.children_end_with_this_process(signal.SIGKILL)
 
 
 def run(hydra_main: Callable[[], Any]) -> None:

@@ -23,12 +23,15 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from dpt.launch.parent_death import LAUNCHER_PID
+
 START_METHOD = "forkserver"
 
-# What every rank imports before its first step: dpt's worker (torch, dpt's parts, Hydra's
-# instantiate) and torch._dynamo, which the optimizer's constructor imports; and process_exit,
-# which makes the server itself leave without finalization once its launcher has gone.
-PRELOAD = ("dpt.launch.worker", "torch._dynamo", "dpt.launch.process_exit")
+# process_exit first: the server ends with its launcher (and its ranks with it), and leaves
+# without finalization (dpt/launch/parent_death.py, process_exit.py). Then what every rank
+# imports before its first step: dpt's worker (torch, dpt's parts, Hydra's instantiate) and
+# torch._dynamo, which the optimizer's constructor imports.
+PRELOAD = ("dpt.launch.process_exit", "dpt.launch.worker", "torch._dynamo")
 
 
 # The environment the running server was started with (its ranks' environment).
@@ -39,7 +42,7 @@ def start() -> None:
     """Start the server now, importing PRELOAD while this process goes on; a no-op while it runs
     with this process's environment."""
     global _started_with
-    extra = collectives_on_loopback()
+    extra = {**collectives_on_loopback(), LAUNCHER_PID: str(os.getpid())}
     environ = {**os.environ, **extra}
     if _started_with is not None and environ != _started_with:
         multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]

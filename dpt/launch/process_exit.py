@@ -7,10 +7,10 @@ even abort a finished torchrun rank. So:
   handlers), then leaves;
 - a torchrun rank leaves at once, its log flushed;
 - the fork server leaves at once too: it ends when its launcher has gone (Python's forkserver sees
-  its pipe close and raises SystemExit), and the launcher's caller (a shell, a test, a sweep)
-  waits for it, as it holds the launcher's stdout. It imports this module through
-  fork_server.PRELOAD; importing it anywhere else registers nothing. The ranks forked from it
-  end with `os._exit` anyway.
+  its pipe close and raises SystemExit, or, killed with it, gets SIGKILL: parent_death.py), and
+  the launcher's caller (a shell, a test, a sweep) waits for it, as it holds the launcher's
+  stdout. It imports this module first of fork_server.PRELOAD; importing it anywhere else
+  registers nothing. The ranks forked from it end with `os._exit` anyway.
 """
 
 from __future__ import annotations
@@ -59,4 +59,7 @@ def is_fork_server() -> bool:
 
 
 if is_fork_server():
+    from dpt.launch.parent_death import setup_fork_server
+
+    setup_fork_server()  # first of all: a server whose launcher is gone must not start ranks
     atexit.register(leave_at_once, 0)

@@ -182,7 +182,7 @@ def _validate_optimizer(opt: DictConfig) -> None:
 
 
 def _validate_checkpoint(ck: DictConfig) -> None:
-    if ck.resume not in (None, "auto"):  # fail before any worker starts
+    if ck.resume not in (None, "auto", "never"):  # fail before any worker starts
         path = Path(ck.resume)
         _check(path.exists(), "checkpoint.resume", ck.resume, "folder not found")
         _check(path.is_dir(), "checkpoint.resume", ck.resume,

@@ -23,7 +23,7 @@ from dpt.distributed import (
     init_process_group,
 )
 from dpt.errors import DptError, could_not_write, is_disk_full, one_line
-from dpt.launch import allocator, collector
+from dpt.launch import allocator, collector, run_lock
 from dpt.loop import resume_apply
 from dpt.loop.interrupt import Interrupted
 from dpt.loop.parts import Parts, RunConfig, build_parts, length_key, run_length
@@ -50,7 +50,8 @@ def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         # may differ in `${now:...}` and must all write into one run folder.
         cfg_dict, run_dir = broadcast_object((cfg_dict, run_dir), env)
         roll_call.start_answering()
-        return _run(OmegaConf.create(cfg_dict), Path(run_dir), env)
+        with run_lock.holding(Path(run_dir), rank=env.rank):  # beside the run's starter
+            return _run(OmegaConf.create(cfg_dict), Path(run_dir), env)
     except Exception as error:
         reported = _disk_full(error, run_dir)
         if "TORCHELASTIC_ERROR_FILE" not in os.environ:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import google_crc32c
+from google.protobuf.message import DecodeError
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 
@@ -41,6 +42,26 @@ def frame(record: bytes) -> bytes:
     header = struct.pack("<Q", len(record))
     header_crc = struct.pack("<I", masked_crc32c(header))
     return header + header_crc + record + struct.pack("<I", masked_crc32c(record))
+
+
+def last_step(path: Path) -> int:
+    """The highest step a summary in an event file was written at (0: none): how far a run's
+    curves go. Reading stops at a cut-off or damaged record."""
+    data = path.read_bytes()
+    pos, last = 0, 0
+    while pos + 12 <= len(data):
+        (length,) = struct.unpack_from("<Q", data, pos)
+        start, end = pos + 12, pos + 12 + length
+        if end + 4 > len(data):
+            break
+        try:
+            event = Event.FromString(data[start:end])
+        except DecodeError:
+            break
+        if event.HasField("summary"):
+            last = max(last, event.step)
+        pos = end + 4
+    return last
 
 
 def scalars_event(scalars: dict[str, float], step: int, wall_time: float) -> Event:

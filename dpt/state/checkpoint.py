@@ -37,6 +37,7 @@ import torch.distributed as dist
 from dpt.distributed import DistEnv, broadcast_object
 from dpt.errors import DptError
 from dpt.state import resume_config
+from dpt.state.history import earlier_work
 from dpt.state.resume_config import Change
 
 if TYPE_CHECKING:
@@ -87,15 +88,32 @@ def read_marker(path: Path) -> int | None:
     return step if isinstance(step, int) and name and int(name.group(1)) == step else None
 
 
+def has_damaged_marker(path: Path) -> bool:
+    """A marker is there but does not read back: the checkpoint was committed, and has been
+    damaged since (a marker is written whole, atomically, or not at all)."""
+    return (path / MARKER).exists() and read_marker(path) is None
+
+
+def step_folders(folder: Path) -> list[Path]:
+    """Every `step-<8 digits>` entry, committed or not, oldest step first."""
+    return [path for path in _entries(folder) if NAME.match(path.name)]
+
+
+def _step_of(path: Path) -> int:
+    match = NAME.match(path.name)
+    assert match is not None
+    return int(match.group(1))
+
+
 def committed(folder: Path) -> list[Committed]:
     """This run's committed checkpoints, oldest first. Only dpt writes markers, and resuming moves
     any newer branch aside, so within the folder the step order is the order of writing."""
     found = []
-    for path in _entries(folder):
-        step = read_marker(path) if NAME.match(path.name) else None
+    for path in step_folders(folder):
+        step = read_marker(path)
         if step is not None:
             found.append(Committed(path, step))
-    return sorted(found, key=lambda c: c.step)
+    return found
 
 
 def strays(folder: Path) -> list[Path]:
@@ -247,6 +265,8 @@ def read_config(path: Path) -> str | None:
 def check(path: Path, parts: dict[str, Any]) -> int:
     """The step of a committed checkpoint that holds every part; nothing is loaded yet."""
     step = read_marker(path)
+    if step is None and has_damaged_marker(path):
+        raise CheckpointError(f"checkpoint {path} is damaged: its {MARKER} marker cannot be read")
     if step is None:
         raise CheckpointError(
             f"checkpoint {path} was never committed (no {MARKER} marker): cut off while written"
@@ -418,9 +438,10 @@ class Checkpoints:
     # --- resuming ---
 
     def resume(self, resume: str | None, parts: dict[str, Any]) -> Committed | None:
-        """`null` -> start over; a path -> that checkpoint; `auto` -> the newest committed one that
-        loads. Committed checkpoints newer than the start are moved aside (rank 0); starting from
-        another run folder's checkpoint moves all of this folder's aside."""
+        """`never` (or `null`) -> start over; a path -> that checkpoint; `auto` -> the newest
+        committed one that loads. Step folders newer than the start are moved aside (rank 0);
+        starting over, or from another run folder's checkpoint, moves all of this folder's
+        aside."""
         start = self._load(resume, parts)
         foreign = start is not None and not self._holds(start.path)
         if self.env.is_main:
@@ -431,7 +452,7 @@ class Checkpoints:
                     f"{start.step}); this run's checkpoints go to {self.folder}"
                 )
             step = start.step if start else 0
-            self._move_newer_aside(-1 if foreign else step, step)
+            self._move_newer_aside(-1 if foreign or start is None else step, step)
             self.history = committed(self.folder)
         return start
 
@@ -440,35 +461,56 @@ class Checkpoints:
         return self.folder.resolve() in path.resolve().parents
 
     def _load(self, resume: str | None, parts: dict[str, Any]) -> Committed | None:
-        if resume is None:
+        if resume in (None, "never"):
             return None
         if resume != "auto":
             path = Path(resume)
             check(path, parts)  # cut off or incomplete: said as such, before any comparison
             changes = self._compare(path, self._stored_config(path))
             return Committed(path, load(path, parts), changes)
+        return self._newest_good(parts)
+
+    def _newest_good(self, parts: dict[str, Any]) -> Committed | None:
+        """`auto`: the newest committed checkpoint that loads, skipping damaged ones (a marker
+        that does not read back, files that do not load). None only for a folder where no run
+        has worked before; a folder with history is refused rather than trained from step 0."""
         # Rank 0's list for all: every rank tries the same checkpoints in the same order.
-        candidates: list[Committed] = broadcast_object(committed(self.folder), self.env)
-        for candidate in reversed(candidates):
+        found: list[Path] = broadcast_object(
+            [path for path in step_folders(self.folder) if (path / MARKER).exists()], self.env
+        )
+        damaged = 0
+        for path in reversed(found):
             try:
-                check(candidate.path, parts)
-                stored = self._stored_config(candidate.path)
+                check(path, parts)  # a damaged marker, missing parts: said as such
+                changes = self._compare(path, self._stored_config(path))  # a refusal ends it
+                load(path, parts)  # DCP shares a failure with every rank
+                return Committed(path, _step_of(path), changes)
             except CheckpointError as error:
-                log.warning(f"{error}; trying an older one")
-                continue
-            changes = self._compare(candidate.path, stored)  # a refusal ends the search
-            try:
-                load(candidate.path, parts)  # DCP shares a failure with every rank
-                return Committed(candidate.path, candidate.step, changes)
-            except CheckpointError as error:
-                log.warning(f"{error}; trying an older one")
-        if candidates:
-            raise CheckpointError(
-                f"checkpoint.resume=auto: no checkpoint in {self.folder} loads "
-                f"({len(candidates)} tried); set checkpoint.resume=null to start over, or "
-                "checkpoint.resume=<checkpoint folder> to start from one"
-            )
+                damaged += 1
+                if self.env.is_main:
+                    log.warning(f"skipped: {error}")
+        self._refuse_a_fresh_start(damaged)
         return None
+
+    def _refuse_a_fresh_start(self, damaged: int) -> None:
+        """Raise unless this folder holds no earlier work: nothing is trained, nothing moved."""
+        ways_on = (
+            "set checkpoint.resume=never to start over in this run folder, or start a new one "
+            "(hydra.run.dir=...)"
+        )
+        if damaged:
+            raise CheckpointError(
+                f"checkpoint.resume=auto: every checkpoint in {self.folder} is damaged "
+                f"({damaged} found), nothing trained or moved; {ways_on}"
+            )
+        run_dir = self.folder.parent
+        work = broadcast_object(earlier_work(run_dir, len(step_folders(self.folder))), self.env)
+        if work:
+            raise CheckpointError(
+                f"checkpoint.resume=auto: run folder {run_dir} holds an earlier run's work "
+                f"({', '.join(work)}) but no checkpoint to continue from, nothing trained; "
+                f"{ways_on}"
+            )
 
     def _stored_config(self, path: Path) -> str | None:
         """Rank 0 reads it, every rank gets it: all ranks judge the same text alike."""
@@ -502,10 +544,11 @@ class Checkpoints:
         return found.applied + found.refused
 
     def _move_newer_aside(self, after: int, step: int) -> None:
-        newer = [c for c in committed(self.folder) if c.step > after]
+        """Every step folder past `after`, committed, damaged or cut off."""
+        newer = [path for path in step_folders(self.folder) if _step_of(path) > after]
         if newer:
-            aside = move_aside(self.folder, [c.path for c in newer])
-            names = ", ".join(c.path.name for c in newer)
+            aside = move_aside(self.folder, newer)
+            names = ", ".join(path.name for path in newer)
             which = "" if after < 0 else "newer "  # all of them: the run continues another's
             log.info(
                 f"moved {len(newer)} {which}checkpoint(s) ({names}) aside to {aside}: this run "
