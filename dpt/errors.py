@@ -100,13 +100,24 @@ def _override_line(error: OverrideParseException) -> str:
     return f"{override}: cannot read the value of {key} ({reason}); {OVERRIDE_SYNTAX}"
 
 
+_LOADER_WORKER = re.compile(r"^Caught \w+ in DataLoader worker process (\d+)\.")
+
+
+def loader_worker_error(text: str) -> tuple[int, str] | None:
+    """A DataLoader worker's exception, re-raised in its rank as "Caught X in DataLoader worker
+    process N. Original Traceback ...": (N, the traceback's last line, "module.X: message")."""
+    found = _LOADER_WORKER.match(text.strip())
+    if found is None or "Original Traceback" not in text:
+        return None
+    return int(found.group(1)), text.strip().splitlines()[-1].strip()
+
+
 def _unwrap_loader_error(text: str) -> str:
-    """A DataLoader worker re-raises as "Caught X in DataLoader worker process N. Original
-    Traceback ...": the original message is the traceback's last line, after "module.X: "."""
-    if "Original Traceback" not in text:
+    """The original message of a loader worker's exception, after "module.X: "."""
+    found = loader_worker_error(text)
+    if found is None:
         return text
-    last = text.strip().splitlines()[-1]
-    return re.sub(r"^[\w.]+(Error|Exception): ", "", last)
+    return re.sub(r"^[\w.]+(Error|Exception): ", "", found[1])
 
 
 def _omegaconf_line(error: OmegaConfBaseException) -> str:

@@ -40,3 +40,18 @@ class SlowMLP(MLP):
         if self.training and os.environ.get("RANK", "0") == os.environ["DPT_TEST_SLOW_RANK"]:
             time.sleep(float(os.environ["DPT_TEST_SLOW_S"]))
         return super().forward(inputs)
+
+
+class MismatchedMLP(torch.nn.Module):
+    """A user's model whose first layer does not fit the data: it takes 7 inputs, whatever the
+    data set gives (takes `hidden_dims`, as a model under model=mlp's schema must)."""
+
+    def __init__(self, num_classes: int, hidden_dims: Sequence[int]) -> None:
+        super().__init__()
+        width = hidden_dims[0]
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(7, width), torch.nn.ReLU(), torch.nn.Linear(width, num_classes)
+        )
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.net(inputs)

@@ -96,6 +96,16 @@ def _checkpoints(root: Path, good: Path) -> dict[str, Path]:
     _drop_part(copies["partless"], "early_stopping")
     unloadable = root / "unloadable_run"
     shutil.copytree(copies["corrupt"], unloadable / "checkpoints" / good.name)
+    junked = root / "junked_run"  # every file overwritten, markers included
+    shutil.copytree(good, junked / "checkpoints" / good.name)
+    for path in (junked / "checkpoints" / good.name).iterdir():
+        path.write_bytes(b"\x07junk" * 16)
+    history = root / "history_run"  # results of a finished run, its checkpoints deleted
+    history.mkdir()
+    (history / "metrics.json").write_text("{}")
+    junk_marker = root / "junk_marker" / good.name
+    shutil.copytree(good, junk_marker)
+    (junk_marker / "COMMITTED").write_bytes(b"\x07junk")
     old = root / "step-00000002.pt"  # a file, as checkpoints were before DCP
     torch.save({}, old)
     return {
@@ -104,6 +114,9 @@ def _checkpoints(root: Path, good: Path) -> dict[str, Path]:
         "uncommitted_checkpoint": copies["uncommitted"],
         "partless_checkpoint": copies["partless"],
         "unloadable_run": unloadable,
+        "junked_run": junked,
+        "history_run": history,
+        "junk_marker_checkpoint": junk_marker,
         "old_checkpoint": old,
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,8 +58,8 @@ def test_a_rank_that_raises_stops_the_world_with_one_line(tmp_path: Path) -> Non
     assert time.monotonic() - start < 60  # far below any default timeout
     assert result.returncode == 1
     assert result.stderr.strip() == (
-        "Error: rank 1 failed: ValueError: injected failure on rank 1 at call 3 "
-        f"(log: {tmp_path}/logs/rank1.log)"
+        "Error: rank 1 failed: the model's forward (RaisingMLP) raised ValueError: injected "
+        f"failure on rank 1 at call 3 (log: {tmp_path}/logs/rank1.log)"
     )
     assert "Traceback" not in result.output  # no wall of tracebacks on the console...
     assert "[rank 0] stopped: another rank failed or stopped answering" in result.stdout
@@ -76,7 +77,33 @@ def test_a_rank_that_raises_in_a_single_process_run(tmp_path: Path) -> None:
         env={"DPT_TEST_FAIL_RANK": "0", "DPT_TEST_FAIL_CALL": "2"},
     )
     assert result.returncode == 1
-    assert "ValueError: injected failure on rank 0 at call 2" in result.stderr
+    assert result.stderr.strip() == (
+        "Error: rank 0 failed: the model's forward (RaisingMLP) raised ValueError: injected "
+        f"failure on rank 0 at call 2 (log: {tmp_path}/logs/rank0.log)"
+    )
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("strategy", [[], DDP], ids=["single", "ddp"])
+def test_a_model_that_does_not_fit_the_data_is_one_line_and_the_ranks_log(
+    tmp_path: Path, strategy: list[str]
+) -> None:
+    """The same line under every strategy: which rank, what failed (the model's forward, named
+    by its class), the error, and the log that holds the traceback."""
+    result = train(tmp_path, *FAST, *strategy, "model._target_=tests.faults.MismatchedMLP",
+                   check=False)  # fmt: skip
+    assert result.returncode == 1
+    line = result.stderr.strip()
+    found = re.fullmatch(
+        r"Error: rank (\d) failed: the model's forward \(MismatchedMLP\) raised RuntimeError: "
+        rf"mat1 and mat2 shapes cannot be multiplied \((32|64)x32 and 7x256\) "
+        rf"\(log: {re.escape(str(tmp_path))}/logs/rank(\d)\.log\)",
+        line,
+    )
+    assert found and found.group(1) == found.group(3), line
+    assert "Traceback" not in result.output and "Error executing job" not in result.output
+    log = (tmp_path / "logs" / f"rank{found.group(1)}.log").read_text()
+    assert "Traceback" in log and "in forward" in log and "mat1 and mat2" in log
 
 
 @pytest.mark.timeout(180)
@@ -331,3 +358,72 @@ def test_a_stopped_rank_is_named_and_the_run_ends_within_the_timeout(tmp_path: P
         result.stderr.strip(),
     ), result.stderr
     assert "[rank 0] stopped: another rank failed or stopped answering" in result.stdout
+
+
+# --- damaged checkpoints --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """24 steps of 2 ddp ranks, checkpoints at steps 8, 16 and 24."""
+    run = tmp_path_factory.mktemp("damage") / "run"
+    train(run, *DAMAGE_RUN)
+    assert [p.name for p in committed_checkpoints(run)] == [
+        "step-00000008", "step-00000016", "step-00000024"]  # fmt: skip
+    return run
+
+
+DAMAGE_RUN = [*FAST, *DDP, "trainer.max_steps=24", "checkpoint.every_n_steps=8"]
+
+
+def _junk(folder: Path) -> None:
+    """Every file under `folder` overwritten with as many bytes of junk (markers included)."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            path.write_bytes(bytes((7 * i + 3) % 256 for i in range(max(path.stat().st_size, 1))))
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.timeout(180)
+def test_every_checkpoint_damaged_is_refused_with_nothing_trained_or_moved(
+    tmp_path: Path, finished_ddp_run: Path
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(finished_ddp_run, run)
+    (run / "metrics.json").unlink()  # not finished: only the checkpoints could say where it was
+    _junk(run / "checkpoints")
+    kept = {name: _tree(run / name) for name in ("checkpoints", "tb")}
+    result = train(run, *DAMAGE_RUN, "trainer.max_steps=32", check=False)
+    assert result.returncode == 1
+    assert re.fullmatch(
+        rf"Error: rank \d failed: checkpoint\.resume=auto: every checkpoint in "
+        rf"{re.escape(str(run))}/checkpoints is damaged \(3 found\), nothing trained or moved; "
+        r"set checkpoint\.resume=never to start over in this run folder, or start a new one "
+        r"\(hydra\.run\.dir=\.\.\.\) \(log: \S+\)",
+        result.stderr.strip(),
+    ), result.stderr
+    assert "| step " not in result.stdout
+    assert {name: _tree(run / name) for name in kept} == kept
+
+
+@pytest.mark.timeout(180)
+def test_a_damaged_newest_checkpoint_is_skipped_said_and_the_run_ends_as_before(
+    tmp_path: Path, finished_ddp_run: Path
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(finished_ddp_run, run)
+    (run / "metrics.json").unlink()  # cut off after its last checkpoint
+    (run / "model.pt").unlink()
+    newest = run / "checkpoints" / "step-00000024"
+    _junk(newest)
+    result = train(run, *DAMAGE_RUN)
+    skipped = [line for line in result.stdout.splitlines() if "skipped" in line]
+    assert skipped == [
+        f"[rank 0] skipped: checkpoint {newest} is damaged: its COMMITTED marker cannot be read"
+    ]
+    assert f"resumed from {run}/checkpoints/step-00000016 at step 16" in result.stdout
+    before, after = load_weights(finished_ddp_run), load_weights(run)
+    assert all(torch.equal(before[k], after[k]) for k in before)  # steps 17-24 again, the same

@@ -4,10 +4,12 @@ again overwrites nothing. Real starts of train.py (slow) and in-process writes (
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -127,22 +129,66 @@ def test_the_lock_is_held_once_per_process_and_released(tmp_path: Path) -> None:
     assert run_lock.held() == []
 
 
+def _holder(folder: Path, how: str) -> subprocess.Popen[str]:
+    """A process that takes (`acquire(folder)`) or joins (`join(folder, 1)`) the folder's lock
+    and keeps it until killed."""
+    code = ("import sys; from pathlib import Path; from dpt.launch import run_lock; "
+            f"run_lock.{how.format(folder=repr(str(folder)))}; print('held', flush=True); "
+            "sys.stdin.read()")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc
+
+
+def _end(*procs: subprocess.Popen[str]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
 def test_another_process_holding_the_folder_is_named(tmp_path: Path) -> None:
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; "
-         "from dpt.launch import run_lock; "
-         f"run_lock.acquire(Path({str(tmp_path)!r})); print('held', flush=True); sys.stdin.read()"],
-        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    holder = _holder(tmp_path, "acquire(Path({folder}))")
     try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         with pytest.raises(run_lock.FolderInUse, match=rf"\(pid {holder.pid} on "):
             run_lock.acquire(tmp_path)
     finally:
-        holder.kill()
-        holder.wait()
+        _end(holder)
     with run_lock.holding(tmp_path):  # released by the kernel when its holder died
         pass
+
+
+def test_a_rank_that_outlived_its_launcher_keeps_the_folder_and_is_named(tmp_path: Path) -> None:
+    launcher = _holder(tmp_path, "acquire(Path({folder}))")
+    rank = _holder(tmp_path, "join(Path({folder}), 1)")  # shares the lock with its launcher
+    try:
+        _end(launcher)
+        with pytest.raises(run_lock.FolderInUse) as refused:
+            run_lock.acquire(tmp_path)
+        named = (f"(its ranks, pids {rank.pid} on {socket.gethostname()}, outlived its launcher, "
+                 f"pid {launcher.pid})")  # fmt: skip
+        assert named in str(refused.value)
+    finally:
+        _end(launcher, rank)
+    with run_lock.holding(tmp_path):  # free once the last of the run's processes ended
+        assert [h["pid"] for h in run_lock.read_holders((tmp_path / ".lock").read_text())] == [
+            os.getpid()]  # fmt: skip
+
+
+def test_a_rank_cannot_join_a_folder_another_start_holds_alone(tmp_path: Path) -> None:
+    """A start holds the lock exclusively only while it writes its record: a rank of another
+    run that tries to join in that instant is refused, never let in beside it."""
+    fd = os.open(tmp_path / ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a start holds for that instant
+        joiner = subprocess.run(
+            [sys.executable, "-c", "from pathlib import Path; from dpt.launch import run_lock; "
+             f"run_lock.join(Path({str(tmp_path)!r}), 1)"],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert joiner.returncode == 1 and "FolderInUse: run folder" in joiner.stderr
+    finally:
+        os.close(fd)
 
 
 # --- a full disk -------------------------------------------------------------------------------

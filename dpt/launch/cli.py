@@ -26,7 +26,14 @@ from dpt import user_code
 from dpt.config import build, register_configs
 from dpt.errors import Abort, DptError, could_not_write, is_disk_full, one_line
 from dpt.launch import parent_death, run_lock
-from dpt.launch.hydra_run import CONFIG_NAME, CONFIG_PATH, hydra_app, hydra_args, run_hydra_main
+from dpt.launch.hydra_run import (
+    CONFIG_NAME,
+    CONFIG_PATH,
+    checked_args,
+    hydra_app,
+    hydra_args,
+    run_hydra_main,
+)
 from dpt.launch.process_exit import exit_code, leave_after_exit_handlers, leave_at_once
 from dpt.launch.validate import validate
 from dpt.observe.logs import setup_logging
@@ -118,7 +125,7 @@ def run(hydra_main: Callable[[], Any]) -> None:
         return None
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises; we print the short form ourselves
     try:
-        _report(lambda: run_hydra_main(hydra_main, hydra_args(argv)))
+        _report(lambda: run_hydra_main(hydra_main, checked_args(argv)))
     finally:
         os.environ.pop("HYDRA_FULL_ERROR", None)
     return None

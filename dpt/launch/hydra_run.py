@@ -14,11 +14,14 @@ goes through `hydra.main` unchanged.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hydra.core.global_hydra import GlobalHydra
+
+from dpt.errors import DptError
 
 if TYPE_CHECKING:
     from hydra._internal.hydra import Hydra
@@ -108,6 +111,40 @@ def hydra_args(argv: list[str]) -> argparse.Namespace:
     from hydra._internal.utils import get_args_parser
 
     return get_args_parser().parse_args(argv)
+
+
+# What Hydra does with a command: one of these at a time (its attribute in `hydra_args`).
+_MODES = {"run": "--run", "multirun": "--multirun", "cfg": "--cfg", "info": "--info",
+          "shell_completion": "--shell-completion"}  # fmt: skip
+
+
+def checked_args(argv: list[str]) -> argparse.Namespace:
+    """`hydra_args`, refusing in one line what Hydra would answer with a traceback (two modes at
+    once) or with a message that misses the point (a value split by the shell at a space)."""
+    args = hydra_args(argv)
+    given = [flag for name, flag in _MODES.items() if getattr(args, name) not in (None, False)]
+    if len(given) > 1:
+        raise DptError(
+            f"{' and '.join(given)}: a command does one of {', '.join(_MODES.values())}; "
+            "give only one"
+        )
+    _check_split_values(args.overrides)
+    return args
+
+
+def _check_split_values(overrides: list[str]) -> None:
+    """`hydra.run.dir=my runs/a` unquoted reaches Hydra as `hydra.run.dir=my` and `runs/a`."""
+    for i, word in enumerate(overrides[1:], start=1):
+        before = overrides[i - 1]
+        if "=" in word or word.startswith("~") or "=" not in before:
+            continue
+        rest = itertools.takewhile(lambda w: "=" not in w, overrides[i:])
+        whole = " ".join([before, *rest])
+        raise DptError(
+            f"{word}: not an override (key=value); if it belongs to the value of "
+            f"{before.split('=', 1)[0].lstrip('+~')}, the shell split that value at a space: "
+            f"quote the whole override, '{whole}'"
+        )
 
 
 def hydra_app(

@@ -159,8 +159,7 @@ def _holders(fd: int) -> str:
         return f"pid {starter['pid']} on {starter['host']} since {starter['since']}"
     pids = ", ".join(str(h["pid"]) for h in ranks)
     return (
-        f"its ranks, pids {pids} on {ranks[0]['host']}, outlived its launcher, pid "
-        f"{starter['pid']}"
+        f"its ranks, pids {pids} on {ranks[0]['host']}, outlived its launcher, pid {starter['pid']}"
     )
 
 

@@ -24,12 +24,13 @@ from dpt.distributed import (
 )
 from dpt.errors import DptError, could_not_write, is_disk_full, one_line
 from dpt.launch import allocator, collector, run_lock
+from dpt.launch.rank_failure import describe
 from dpt.loop import resume_apply
 from dpt.loop.interrupt import Interrupted
 from dpt.loop.parts import Parts, RunConfig, build_parts, length_key, run_length
 from dpt.loop.trainer import Trainer, TrainResult
 from dpt.observe import dashboard
-from dpt.observe.logs import TRACE_LOGGER_NAME, setup_logging
+from dpt.observe.logs import TRACE_LOGGER_NAME, setup_logging, traceback_file
 from dpt.observe.rollcall import RollCall
 from dpt.state import checkpoint
 from dpt.state.results import write_run_data
@@ -55,9 +56,10 @@ def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     except Exception as error:
         reported = _disk_full(error, run_dir)
         if "TORCHELASTIC_ERROR_FILE" not in os.environ:
-            if reported is error:
+            failure = _in_one_line(reported, env.rank)
+            if failure is error:
                 raise  # in-process: the caller reports it
-            raise reported from error
+            raise failure from error
         _exit_reporting(reported, cfg_dict["trainer"]["timeout_s"], roll_call)
     finally:
         roll_call.stop_answering()
@@ -87,6 +89,18 @@ def is_peer_failure(error: BaseException) -> bool:
     return isinstance(error, torch.distributed.DistError) or bool(_PEER_FAILURE.search(str(error)))
 
 
+def _in_one_line(error: Exception, rank: int) -> Exception:
+    """In this process (single, dp, SLURM's tasks): a failure that is not already a sentence (a
+    DptError) is said as under an elastic agent, `rank 0 failed: <what failed> (log: ...)`, its
+    traceback in the rank's log file; before the rank has a log file, it stays as it is."""
+    log_file = traceback_file()
+    if isinstance(error, DptError) or log_file is None:
+        return error
+    log.error(f"failed: {describe(error)}")
+    logging.getLogger(TRACE_LOGGER_NAME).error("traceback", exc_info=error)
+    return DptError(f"rank {rank} failed: {describe(error)} (log: {log_file})")
+
+
 def _exit_reporting(error: Exception, timeout_s: float, roll_call: RollCall) -> NoReturn:
     """Under an elastic agent (local launcher, torchrun): one console line, the traceback in this
     rank's log file, the error in torchelastic's error file for the launcher's one-line report;
@@ -107,7 +121,8 @@ def _exit_reporting(error: Exception, timeout_s: float, roll_call: RollCall) -> 
     elif isinstance(error, Interrupted):
         log.info(one_line(error))  # a requested stop, not a failure
     else:
-        log.error(f"failed: {one_line(error)}")
+        reported = error if isinstance(error, DptError) else DptError(describe(error))
+        log.error(f"failed: {one_line(reported)}")
     logging.getLogger(TRACE_LOGGER_NAME).error("traceback", exc_info=error)
     if peer:
         # Only a consequence of another rank's failure: let that rank's exit be seen first, so

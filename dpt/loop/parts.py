@@ -15,6 +15,7 @@ from torch import nn
 
 from dpt.config import CheckpointConfig, TrainerConfig, build
 from dpt.contract import DataModule, class_names, val_transform_node
+from dpt.data.batch_memory import check_batch_fits
 from dpt.data.loaders import Loaders, ToDevice, build_loaders
 from dpt.distributed import DistEnv
 from dpt.errors import DptError
@@ -86,6 +87,7 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
     t, groups = cfg.trainer, cfg.groups
     seed_everything(t.seed)
     data = build(groups.dataset, seed=t.seed)
+    check_batch_fits(data.input_shape, t.batch_size, groups.dataset)  # before anything allocates
     strategy: Strategy = build(groups.strategy)
     worker_init = functools.partial(_init_loader_worker, env.rank, log_file)
     loaders = build_loaders(data, env, t.batch_size, t.seed, worker_init)

@@ -126,3 +126,12 @@ def setup_logging(prefix: str, log_file: Path | None = None) -> logging.Logger:
         logger.addHandler(file_handler)
         trace.addHandler(file_handler)
     return logger
+
+
+def traceback_file() -> Path | None:
+    """The rank log file this process's tracebacks go to (None before `setup_logging` gave it
+    one, or once a full disk made it give the file up)."""
+    for handler in logging.getLogger(TRACE_LOGGER_NAME).handlers:
+        if isinstance(handler, _RankFileHandler) and not handler.failed:
+            return Path(handler.baseFilename)
+    return None
