@@ -154,6 +154,26 @@ def run_until(
     return Result(proc.returncode, "".join(lines) + stdout, stderr)
 
 
+def is_running(pid: int) -> bool:
+    """Running, not ended and not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def junk_files(folder: Path) -> None:
+    """Every file under `folder` overwritten with as many bytes of junk (markers included)."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            path.write_bytes(bytes((7 * i + 3) % 256 for i in range(max(path.stat().st_size, 1))))
+
+
+def file_tree(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder`, by relative path, with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
 def load_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "model.pt", weights_only=True)
 

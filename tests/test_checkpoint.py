@@ -22,6 +22,7 @@ from dpt.state.checkpoint import (
     strays,
 )
 from dpt.state.stateful import PlainState, Progress
+from tests.helpers import file_tree, junk_files
 
 CPU1 = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
 
@@ -154,17 +155,6 @@ def test_rollback_moves_the_newer_branch_aside(
     assert _names(tmp_path) == ["step-00000001", "step-00000002", "step-00000003"]
 
 
-def _junk(folder: Path) -> None:
-    """Every file under `folder` overwritten with bytes of its own length (markers included)."""
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            path.write_bytes(bytes((7 * i + 3) % 256 for i in range(max(path.stat().st_size, 1))))
-
-
-def _tree(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-
-
 WAYS_ON = (
     "set checkpoint.resume=never to start over in this run folder, or start a new one "
     "(hydra.run.dir=...)"
@@ -175,15 +165,15 @@ def test_auto_refuses_when_every_checkpoint_is_damaged_and_moves_nothing(tmp_pat
     ckpts = _checkpoints(tmp_path, keep=3)
     ckpts.resume(None, _parts())
     _save(ckpts, 1, 2, 3)
-    _junk(tmp_path / "checkpoints")
-    before = _tree(tmp_path)
+    junk_files(tmp_path / "checkpoints")
+    before = file_tree(tmp_path)
     with pytest.raises(CheckpointError) as refused:
         _checkpoints(tmp_path).resume("auto", _parts())
     assert str(refused.value) == (
         f"checkpoint.resume=auto: every checkpoint in {tmp_path / 'checkpoints'} is damaged "
         f"(3 found), nothing trained or moved; {WAYS_ON}"
     )
-    assert _tree(tmp_path) == before
+    assert file_tree(tmp_path) == before
 
 
 @pytest.mark.parametrize("what", ["marker", "shards"])
@@ -194,7 +184,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_said(
     ckpts.resume(None, _parts())
     _save(ckpts, 1, 2)
     newest = tmp_path / "checkpoints" / "step-00000002"
-    _junk(newest) if what == "marker" else _junk_shards(newest)
+    junk_files(newest) if what == "marker" else _junk_shards(newest)
     parts = _parts()
     start = _checkpoints(tmp_path).resume("auto", parts)
     assert start is not None and start.step == 1
@@ -261,7 +251,7 @@ def test_never_starts_over_and_moves_every_step_folder_aside(tmp_path: Path) -> 
     ckpts = _checkpoints(tmp_path, keep=3)
     ckpts.resume(None, _parts())
     _save(ckpts, 1, 2)
-    _junk(tmp_path / "checkpoints" / "step-00000002")
+    junk_files(tmp_path / "checkpoints" / "step-00000002")
     assert _checkpoints(tmp_path).resume("never", _parts()) is None
     (aside,) = (tmp_path / "checkpoints").glob("abandoned-*")
     assert sorted(p.name for p in aside.iterdir()) == ["step-00000001", "step-00000002"]

@@ -23,7 +23,10 @@ from tests.helpers import (
     Result,
     assert_no_leftovers,
     committed_checkpoints,
+    file_tree,
     free_port,
+    is_running,
+    junk_files,
     load_weights,
     read_checkpoint,
     run_until,
@@ -199,11 +202,11 @@ def test_a_killed_torchrun_agent_takes_its_ranks_with_it(tmp_path: Path) -> None
                 os.kill(agent.pid, signal.SIGKILL)
                 break
         killed_at = time.monotonic()
-        while any(_alive(pid) for pid in ranks) and time.monotonic() - killed_at < 30:
+        while any(is_running(pid) for pid in ranks) and time.monotonic() - killed_at < 30:
             time.sleep(0.1)
         assert len(ranks) == 2, "".join(lines)
         assert time.monotonic() - killed_at < 10
-        assert not any(_alive(pid) for pid in ranks)
+        assert not any(is_running(pid) for pid in ranks)
     finally:
         for pid in ranks:
             with contextlib.suppress(ProcessLookupError):
@@ -211,14 +214,6 @@ def test_a_killed_torchrun_agent_takes_its_ranks_with_it(tmp_path: Path) -> None
         if agent.poll() is None:
             os.killpg(agent.pid, signal.SIGKILL)
         agent.communicate()
-
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie waiting to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.timeout(180)
@@ -373,29 +368,25 @@ def finished_ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
+def _cut_off_copy(run: Path, tmp_path: Path) -> Path:
+    """The run as if killed after its last checkpoint: no results yet."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    for result in ("metrics.json", "model.pt", "model_best.pt"):
+        (copy / result).unlink(missing_ok=True)
+    return copy
+
+
 DAMAGE_RUN = [*FAST, *DDP, "trainer.max_steps=24", "checkpoint.every_n_steps=8"]
-
-
-def _junk(folder: Path) -> None:
-    """Every file under `folder` overwritten with as many bytes of junk (markers included)."""
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            path.write_bytes(bytes((7 * i + 3) % 256 for i in range(max(path.stat().st_size, 1))))
-
-
-def _tree(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
 @pytest.mark.timeout(180)
 def test_every_checkpoint_damaged_is_refused_with_nothing_trained_or_moved(
     tmp_path: Path, finished_ddp_run: Path
 ) -> None:
-    run = tmp_path / "run"
-    shutil.copytree(finished_ddp_run, run)
-    (run / "metrics.json").unlink()  # not finished: only the checkpoints could say where it was
-    _junk(run / "checkpoints")
-    kept = {name: _tree(run / name) for name in ("checkpoints", "tb")}
+    run = _cut_off_copy(finished_ddp_run, tmp_path)
+    junk_files(run / "checkpoints")
+    kept = {name: file_tree(run / name) for name in ("checkpoints", "tb")}
     result = train(run, *DAMAGE_RUN, "trainer.max_steps=32", check=False)
     assert result.returncode == 1
     assert re.fullmatch(
@@ -406,19 +397,16 @@ def test_every_checkpoint_damaged_is_refused_with_nothing_trained_or_moved(
         result.stderr.strip(),
     ), result.stderr
     assert "| step " not in result.stdout
-    assert {name: _tree(run / name) for name in kept} == kept
+    assert {name: file_tree(run / name) for name in kept} == kept
 
 
 @pytest.mark.timeout(180)
 def test_a_damaged_newest_checkpoint_is_skipped_said_and_the_run_ends_as_before(
     tmp_path: Path, finished_ddp_run: Path
 ) -> None:
-    run = tmp_path / "run"
-    shutil.copytree(finished_ddp_run, run)
-    (run / "metrics.json").unlink()  # cut off after its last checkpoint
-    (run / "model.pt").unlink()
+    run = _cut_off_copy(finished_ddp_run, tmp_path)
     newest = run / "checkpoints" / "step-00000024"
-    _junk(newest)
+    junk_files(newest)
     result = train(run, *DAMAGE_RUN)
     skipped = [line for line in result.stdout.splitlines() if "skipped" in line]
     assert skipped == [

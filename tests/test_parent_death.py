@@ -7,11 +7,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, is_running
 
 MIDDLE = """
 import os, signal, sys, time
@@ -26,26 +25,19 @@ time.sleep(60)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.timeout(30)
 def test_a_forked_child_ends_when_its_parent_is_killed() -> None:
     middle = subprocess.Popen([sys.executable, "-c", MIDDLE], cwd=REPO, stdout=subprocess.PIPE,
                               text=True)  # fmt: skip
     assert middle.stdout is not None
     child = int(middle.stdout.readline())
-    assert _alive(child)
+    assert is_running(child)
     middle.kill()  # SIGKILL: the parent can tell its child nothing
     middle.wait()
     deadline = time.monotonic() + 5
-    while _alive(child) and time.monotonic() < deadline:
+    while is_running(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(child)
+    assert not is_running(child)
 
 
 @pytest.mark.timeout(30)

@@ -204,8 +204,9 @@ def test_a_checkpoint_cut_off_before_its_commit_is_ignored(tmp_path: Path) -> No
     (cut / "COMMITTED").unlink()  # killed between the rename and the marker
     resumed = train(tmp_path, *common, "trainer.max_steps=20")
     assert f"resumed from {tmp_path / 'checkpoints' / 'step-00000010'} at step 10" in resumed.stdout
-    # Step 15 is written again on this run's line; the cut-off one is kept aside, not deleted.
-    assert f"{cut} was not a committed checkpoint of this run: moved aside" in resumed.stdout
+    # Newer than the start: moved aside with its branch, kept, not deleted; step 15 is written
+    # again on this run's line.
+    assert "moved 1 newer checkpoint(s) (step-00000015) aside to" in resumed.stdout
     assert (cut / "COMMITTED").exists()
     assert len(list((tmp_path / "checkpoints").glob("abandoned-*/step-00000015"))) == 1
 
