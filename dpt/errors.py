@@ -57,6 +57,9 @@ def one_line(error: BaseException) -> str:
     if isinstance(cause, OmegaConfBaseException):
         return _omegaconf_line(cause)
     text = _unwrap_loader_error(str(error))
+    ambiguous = _AMBIGUOUS.search(text)
+    if ambiguous:
+        return _ambiguous_line(ambiguous.group(1))
     options = re.search(
         r"Could not find '([^']+)'\s+Available options in '([^']+)':(.*?)"
         r"(Config search path|$)",
@@ -78,6 +81,19 @@ OVERRIDE_SYNTAX = (
     "spaces, brackets or commas, and the whole override for the shell)"
 )
 _LEXER = "LexerNoViableAltException: "
+
+
+_AMBIGUOUS = re.compile(r"Ambiguous value for argument '([^']*)'")
+
+
+def _ambiguous_line(override: str) -> str:
+    """`key=a,b` outside a sweep: Hydra cannot tell a list, a sweep and a text with a comma."""
+    key, value = override.split("=", 1)
+    return (
+        f"{override}: a comma makes {key}'s value a sweep (with -m) or, in brackets, a list; "
+        f"to mean the text, quote it for Hydra and the whole override for the shell: "
+        f'"{key}=\'{value}\'"'
+    )
 
 
 def _override_line(error: OverrideParseException) -> str:
