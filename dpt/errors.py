@@ -92,7 +92,7 @@ def _ambiguous_line(override: str) -> str:
     return (
         f"{override}: a comma makes {key}'s value a sweep (with -m) or, in brackets, a list; "
         f"to mean the text, quote it for Hydra and the whole override for the shell: "
-        f'"{key}=\'{value}\'"'
+        f"\"{key}='{value}'\""
     )
 
 
