@@ -96,9 +96,10 @@ def _in_one_line(error: Exception, rank: int) -> Exception:
     log_file = traceback_file()
     if isinstance(error, DptError) or log_file is None:
         return error
-    log.error(f"failed: {describe(error)}")
+    what = describe(error)
+    log.error(f"failed: {what}")
     logging.getLogger(TRACE_LOGGER_NAME).error("traceback", exc_info=error)
-    return DptError(f"rank {rank} failed: {describe(error)} (log: {log_file})")
+    return DptError(f"rank {rank} failed: {what} (log: {log_file})")
 
 
 def _exit_reporting(error: Exception, timeout_s: float, roll_call: RollCall) -> NoReturn:

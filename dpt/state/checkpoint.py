@@ -475,16 +475,15 @@ class Checkpoints:
         that does not read back, files that do not load). None only for a folder where no run
         has worked before; a folder with history is refused rather than trained from step 0."""
         # Rank 0's list for all: every rank tries the same checkpoints in the same order.
-        found: list[Path] = broadcast_object(
-            [path for path in step_folders(self.folder) if (path / MARKER).exists()], self.env
-        )
+        marked = [p for p in step_folders(self.folder) if (p / MARKER).exists()]
+        found: list[Path] = broadcast_object(marked if self.env.is_main else None, self.env)
         damaged = 0
         for path in reversed(found):
             try:
-                check(path, parts)  # a damaged marker, missing parts: said as such
+                step = check(path, parts)  # a damaged marker, missing parts: said as such
                 changes = self._compare(path, self._stored_config(path))  # a refusal ends it
                 load(path, parts)  # DCP shares a failure with every rank
-                return Committed(path, _step_of(path), changes)
+                return Committed(path, step, changes)
             except CheckpointError as error:
                 damaged += 1
                 if self.env.is_main:
@@ -504,7 +503,9 @@ class Checkpoints:
                 f"({damaged} found), nothing trained or moved; {ways_on}"
             )
         run_dir = self.folder.parent
-        work = broadcast_object(earlier_work(run_dir, len(step_folders(self.folder))), self.env)
+        # Rank 0 reads the folder (every event file) for all.
+        work = earlier_work(run_dir, len(step_folders(self.folder))) if self.env.is_main else None
+        work = broadcast_object(work, self.env)
         if work:
             raise CheckpointError(
                 f"checkpoint.resume=auto: run folder {run_dir} holds an earlier run's work "
