@@ -24,14 +24,14 @@ def check_batch_fits(
     have = memory_bytes()
     if have is None or need <= have:
         return
-    keys = [f"dataset.{key}" for key, value in dataset.items()
-            if type(value) is int and value > 1 and value in input_shape]  # fmt: skip
+    sizes = {f"dataset.{key}": value for key, value in dataset.items()
+             if type(value) is int and value > 1 and value in input_shape}  # fmt: skip
     shape = "x".join(str(size) for size in input_shape)
-    caused = "".join(f", {key}={dataset[key.split('.', 1)[1]]}" for key in keys)
+    caused = "".join(f", {key}={value}" for key, value in sizes.items())
     raise DptError(
         f"one batch (trainer.batch_size={batch_size} inputs of {shape}{caused}) needs "
         f"{_gib(need)} as float32, more than this machine's {_gib(have)} of memory; lower "
-        f"{' or '.join([*keys, 'trainer.batch_size'])}"
+        f"{' or '.join([*sizes, 'trainer.batch_size'])}"
     )
 
 

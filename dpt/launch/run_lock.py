@@ -52,11 +52,7 @@ def acquire(folder: Path) -> None:
     key = folder.resolve()
     if key in _held:
         return
-    fd = os.open(key / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        _refuse(fd, folder, error)
+    fd = _locked(folder, key, fcntl.LOCK_EX)
     try:
         os.ftruncate(fd, 0)  # the previous run's holders: gone, as the lock was free
         _write_holder(fd, {})
@@ -74,11 +70,7 @@ def join(folder: Path, rank: int) -> None:
     if key in _held:
         return
     key.mkdir(parents=True, exist_ok=True)  # made by the starter, unless called on its own
-    fd = os.open(key / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as error:  # another start holds it exclusively, this instant
-        _refuse(fd, folder, error)
+    fd = _locked(folder, key, fcntl.LOCK_SH)  # refused while another start holds it alone
     with contextlib.suppress(OSError):  # who holds it is for people; the lock is what counts
         _write_holder(fd, {"rank": rank})
     _held[key] = fd
@@ -110,6 +102,17 @@ def holding(folder: Path, rank: int | None = None) -> Iterator[None]:
         yield
     finally:
         release(folder)
+
+
+def _locked(folder: Path, key: Path, how: int) -> int:
+    """A descriptor of `key/.lock` holding the lock `how` (LOCK_EX or LOCK_SH), taken at once
+    or refused."""
+    fd = os.open(key / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, how | fcntl.LOCK_NB)
+    except OSError as error:
+        _refuse(fd, folder, error)
+    return fd
 
 
 def _refuse(fd: int, folder: Path, error: OSError) -> NoReturn:
