@@ -1,0 +1,133 @@
+"""Shards in the WebDataset tar convention, written deterministically.
+
+Each split becomes `<split>-000000.tar`, `<split>-000001.tar`, ... of about `shard_bytes` each.
+A sample is two members with one key: `<key>.<ext>` (the image file's bytes, as they are: no
+decoding, no re-encoding) and `<key>.cls` (its label, as decimal text). The key is the sample's
+index in the split (8 digits), so the samples' order in the shards is the data set's own order.
+
+The same input gives byte-identical files: members in a fixed order, with a fixed time, owner
+and mode (tar's headers otherwise carry the clock and the user). Each split also gets a wids
+descriptor (`<split>.json`, "wids-shard-index-v1": every shard's file name, sample count, size
+and MD5, which wids' ShardListDataset and dpt read), and the folder an `index.json` naming the
+splits' descriptors and the class names in label order. Every file is written under a temporary
+name and renamed once complete: a writer killed midway leaves no shard that looks whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import tarfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("dpt")
+
+INDEX = "index.json"
+WIDS_KIND = "wids-shard-index-v1"
+DPT_KIND = "dpt-shards-v1"
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split to write: its name and its (image file, label) pairs, in the data set's order."""
+
+    name: str
+    samples: Sequence[tuple[str, int]]
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    url: str  # relative to the descriptor: the folder can move, or be served over HTTP
+    nsamples: int
+    filesize: int
+    md5sum: str
+
+
+def write_shards(
+    out: Path, splits: Iterable[Split], classes: Sequence[str], shard_bytes: int
+) -> dict[str, list[ShardInfo]]:
+    """Write every split's shards, descriptors and the index into `out`; returns the shards."""
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, list[ShardInfo]] = {}
+    for split in splits:
+        shards = _write_split(out, split, shard_bytes)
+        _write_json(out / f"{split.name}.json", _descriptor(split.name, shards, classes))
+        written[split.name] = shards
+        log.info(f"{split.name}: {sum(s.nsamples for s in shards)} samples in {len(shards)} shards")
+    index = {"__kind__": DPT_KIND, "classes": list(classes),
+             "splits": {name: f"{name}.json" for name in written}}  # fmt: skip
+    _write_json(out / INDEX, index)
+    return written
+
+
+def _write_split(out: Path, split: Split, shard_bytes: int) -> list[ShardInfo]:
+    shards: list[ShardInfo] = []
+    batch: list[tuple[str, bytes, int]] = []  # (member name of the image, its bytes, label)
+    size = 0
+    for index, (path, label) in enumerate(split.samples):
+        try:
+            data = Path(path).read_bytes()
+        except OSError as error:  # a truncated file is copied as it is; a missing one cannot be
+            log.warning(f"{split.name}: left out {path}: {error.strerror}")
+            continue
+        ext = Path(path).suffix.lower().lstrip(".") or "bin"
+        if batch and size + len(data) > shard_bytes:
+            shards.append(_write_shard(out, split.name, len(shards), batch))
+            batch, size = [], 0
+        batch.append((f"{index:08d}.{ext}", data, label))
+        size += len(data) + 2 * tarfile.BLOCKSIZE
+    if batch:
+        shards.append(_write_shard(out, split.name, len(shards), batch))
+    return shards
+
+
+def _write_shard(
+    out: Path, split: str, number: int, samples: list[tuple[str, bytes, int]]
+) -> ShardInfo:
+    name = f"{split}-{number:06d}.tar"
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for member, data, label in samples:
+            key = member.split(".", 1)[0]
+            _add(tar, member, data)
+            _add(tar, f"{key}.cls", str(label).encode())
+    content = buffer.getvalue()
+    _write_file(out / name, content)
+    return ShardInfo(name, len(samples), len(content), hashlib.md5(content).hexdigest())
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    """A member with nothing of this machine or this moment in its header."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o444
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _descriptor(split: str, shards: list[ShardInfo], classes: Sequence[str]) -> dict[str, object]:
+    return {
+        "__kind__": WIDS_KIND,
+        "wids_version": 1,
+        "name": split,
+        "classes": list(classes),
+        "shardlist": [vars(shard) for shard in shards],
+    }
+
+
+def _write_json(path: Path, value: object) -> None:
+    _write_file(path, (json.dumps(value, indent=1) + "\n").encode())
+
+
+def _write_file(path: Path, content: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

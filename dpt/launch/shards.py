@@ -1,0 +1,77 @@
+"""`dpt-shards`: an image folder or a COCO set (both splits) as WebDataset shards
+(dpt/data/shard_writer.py); errors as one line on stderr, exit 1."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dpt.data.shard_writer import Split, write_shards
+from dpt.errors import DptError, one_line
+from dpt.observe.logs import setup_logging
+
+COCO_SPLITS = ("train2017", "val2017")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="dpt-shards",
+        description="Write an image folder or a COCO set as WebDataset shards, with an index "
+        "(index.json, and a wids descriptor per split); the same input gives the same bytes.",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--image-folder",
+        metavar="ROOT",
+        help="ROOT/train/<class>/<images> (and ROOT/val/<class>/<images>)",
+    )
+    source.add_argument(
+        "--coco", metavar="ROOT", help="ROOT/annotations/instances_<split>.json and ROOT/<split>/"
+    )
+    parser.add_argument("--out", required=True, metavar="DIR", help="the shards' folder")
+    parser.add_argument("--shard-size-mb", type=float, default=256.0, metavar="N",
+                        help="about N MB of images per shard (default 256)")  # fmt: skip
+    return parser.parse_args(argv)
+
+
+def splits_of(args: argparse.Namespace) -> tuple[list[Split], list[str]]:
+    """The splits to write and the class names in label order."""
+    if args.image_folder is not None:
+        from dpt.data.folder_layout import scan_layout
+
+        layout = scan_layout(args.image_folder, val_fraction=0.0, seed=0)
+        splits = [Split("train", layout.train)]
+        if layout.val:
+            splits.append(Split("val", layout.val))
+        return splits, layout.classes
+    from dpt.data.coco import CocoClassification
+
+    root = Path(args.coco)
+    present = [s for s in COCO_SPLITS if (root / "annotations" / f"instances_{s}.json").is_file()]
+    if not present:
+        raise DptError(f"--coco {root}: no annotations/instances_train2017.json or _val2017.json")
+    sets = [CocoClassification(root, split) for split in present]
+    return [Split(split, data.samples) for split, data in zip(present, sets, strict=True)], sets[
+        0
+    ].classes
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    setup_logging("dpt-shards")
+    logging.getLogger("dpt").setLevel(logging.INFO)
+    try:
+        if args.shard_size_mb <= 0:
+            raise DptError(f"--shard-size-mb {args.shard_size_mb:g}: must be > 0")
+        splits, classes = splits_of(args)
+        write_shards(Path(args.out), splits, classes, int(args.shard_size_mb * 2**20))
+    except (DptError, OSError) as error:
+        print(f"Error: {one_line(error)}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
