@@ -1,6 +1,7 @@
 """Section `pipeline`, the input pipeline of one loader worker: JPEG images per second for the
 training sample (decode, random-resized crop, flip, normalize) against decoding alone, on the same
-photo-sized files; where CUDA is, batched decoding on the GPU too. Report:
+photo-sized files; the sample decoded at no more resolution than its crop needs
+(dpt.data.crop_decode) against both; where CUDA is, batched decoding on the GPU too. Report:
 benchmarks/report/pipeline.py.
 
 A DataLoader worker runs one intra-op thread, so everything here runs with one thread. The files
@@ -14,6 +15,7 @@ import argparse
 import functools
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from torchvision.transforms import v2
 
 from benchmarks.runner import Say, Stat, alternate, paired_ratios, time_calls
 from dpt.data.coco import CocoClassification
+from dpt.data.crop_decode import RandomResizedCropDecode
 from dpt.data.images import IMAGENET_MEAN, IMAGENET_STD, read_image_rgb, train_transform
 
 SPLIT = "train"
@@ -74,13 +77,31 @@ def files_of(root: Path) -> list[Path]:
     return sorted((root / SPLIT).glob("*.jpg"))
 
 
-def cpu_variants(root: Path, image_size: int) -> dict[str, Callable[[int], Any]]:
-    """Name -> a function of the sample index. Pairs: (decoder, decode only | train sample)."""
+@dataclass(frozen=True)
+class Contender:
+    """One row of the section: `sample(i)` for every file i per pass, its images/s as a ratio,
+    round by round, to the contender named `baseline` (and to `also_vs`, where given)."""
+
+    decoder: str
+    what: str
+    sample: Callable[[int], Any]
+    baseline: str = "decode_jpeg: decode only"
+    also_vs: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.decoder}: {self.what}"
+
+
+def cpu_contenders(root: Path, image_size: int) -> list[Contender]:
+    """The rows, in the report's order; each a function of the sample index that reads its file
+    (a loader worker's work for one sample). A new kind of input adds its contenders here."""
     files = files_of(root)
     dataset = CocoClassification(root, SPLIT, transform=train_transform(image_size))
     crop_flip = v2.Compose(
         [v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()]
     )
+    reduced = RandomResizedCropDecode(image_size)
     pil_train = v2.Compose(
         [
             v2.RandomResizedCrop(image_size, antialias=True),
@@ -90,15 +111,33 @@ def cpu_variants(root: Path, image_size: int) -> dict[str, Callable[[int], Any]]
             v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
         ]
     )
-    return {
-        "decode_jpeg: decode only": lambda i: decode_jpeg(
-            read_file(str(files[i])), mode=ImageReadMode.RGB
+    sample = "decode_jpeg: dpt train sample"
+    return [
+        Contender(
+            "decode_jpeg",
+            "decode only",
+            lambda i: decode_jpeg(read_file(str(files[i])), mode=ImageReadMode.RGB),
         ),
-        "decode_jpeg: dpt train sample": lambda i: dataset[i],
-        "decode_jpeg: crop+flip, uint8 out": lambda i: crop_flip(read_image_rgb(files[i])),
-        "PIL: decode only": lambda i: _pil_rgb(files[i]),
-        "PIL: train transform": lambda i: pil_train(_pil_rgb(files[i])),
-    }
+        Contender("decode_jpeg", "dpt train sample", lambda i: dataset[i]),
+        Contender(
+            "decode_jpeg", "crop+flip, uint8 out", lambda i: crop_flip(read_image_rgb(files[i]))
+        ),
+        # Decoding at 1/2, 1/4, 1/8 where the crop allows (PIL's draft), decode_jpeg elsewhere.
+        Contender(
+            "PIL draft / decode_jpeg",
+            "reduced decode",
+            lambda i: reduced(files[i].read_bytes(), str(files[i])),
+            also_vs=sample,
+        ),
+        Contender("PIL", "decode only", lambda i: _pil_rgb(files[i]), "PIL: decode only"),
+        Contender(
+            "PIL",
+            "train transform",
+            lambda i: pil_train(_pil_rgb(files[i])),
+            "PIL: decode only",
+            also_vs=sample,
+        ),
+    ]
 
 
 def _pil_rgb(path: Path) -> Image.Image:
@@ -107,9 +146,9 @@ def _pil_rgb(path: Path) -> Image.Image:
 
 
 def measure_cpu(root: Path, image_size: int, rounds: int) -> list[dict[str, Any]]:
-    """Images/s of one worker per variant, each round one pass over the files per variant."""
+    """Images/s of one worker per contender, each round one pass over the files per contender."""
     torch.manual_seed(0)
-    variants = cpu_variants(root, image_size)
+    contenders = cpu_contenders(root, image_size)
     count = len(files_of(root))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # what a DataLoader worker runs with; later sections get it back
@@ -119,23 +158,25 @@ def measure_cpu(root: Path, image_size: int, rounds: int) -> list[dict[str, Any]
         return count / elapsed
 
     try:  # a warmup round first: the page cache, the allocators
-        passes = {name: functools.partial(one_pass, sample) for name, sample in variants.items()}
+        passes = {c.name: functools.partial(one_pass, c.sample) for c in contenders}
         rates = alternate(passes, rounds, warmup=1)
     finally:
         torch.set_num_threads(threads)
-    rows = []
-    for name, values in rates.items():
-        decoder, what = name.split(": ")
-        ceiling = rates[f"{decoder}: decode only"]
-        rows.append(
-            {
-                "decoder": decoder,
-                "what": what,
-                "images_s": Stat.of(values),
-                "vs_decode": paired_ratios(values, ceiling),
-            }
-        )
-    return rows
+    return [_row(c, rates) for c in contenders]
+
+
+def _row(contender: Contender, rates: dict[str, list[float]]) -> dict[str, Any]:
+    values = rates[contender.name]
+    row = {
+        "decoder": contender.decoder,
+        "what": contender.what,
+        "images_s": Stat.of(values),
+        "vs_decode": paired_ratios(values, rates[contender.baseline]),
+        "baseline": contender.baseline,
+    }
+    if contender.also_vs is not None:
+        row["vs_sample"] = paired_ratios(values, rates[contender.also_vs])
+    return row
 
 
 def gpu_batch_transform(image_size: int) -> Callable[[list[torch.Tensor]], torch.Tensor]:

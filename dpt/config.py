@@ -136,6 +136,22 @@ class ImageFolderConfig:
 
 
 @dataclass
+class ShardsConfig:
+    _target_: str = "dpt.data.shards.ShardsData"
+    root: str = (
+        MISSING  # a folder, an http(s):// URL or an fsspec URL (s3://...) of dpt-shards' output
+    )
+    image_size: int = MISSING
+    num_workers: int = MISSING
+    on_bad_image: str = MISSING
+    shuffle_window: int = MISSING  # samples shuffled together, after the shards' seeded order
+    cache_dir: str | None = MISSING  # null: $XDG_CACHE_HOME/dpt/shards (~/.cache/dpt/shards)
+    cache_limit_gb: float = MISSING
+    retries: int = MISSING  # tries after the first for a download that fails and may pass
+    timeout_s: float = MISSING
+
+
+@dataclass
 class FakeImagesConfig:
     _target_: str = "dpt.data.fake_images.FakeImages"
     num_samples: int = MISSING
@@ -289,6 +305,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "coco": CocoConfig,
         "fake_images": FakeImagesConfig,
         "image_folder": ImageFolderConfig,
+        "shards": ShardsConfig,
     },
     "strategy": {
         "single": SingleConfig,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dpt.launch.shards import main as write_shards
 from scripts.make_coco_fixture import make_fixture
 from tests.helpers import FAST, REPO, read_checkpoint, train
 
@@ -47,6 +48,10 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     make_fixture(truncated)
     ann = truncated / "annotations" / "instances_train2017.json"
     ann.write_text(ann.read_text()[:500])
+    broken_shards = root / "broken_shards"  # dpt-shards' output, its training shards deleted
+    write_shards(["--coco", str(coco), "--out", str(broken_shards), "--shard-size-mb", "0.02"])
+    for shard in broken_shards.glob("train2017-*.tar"):
+        shard.unlink()
     run = root / "mlp_run"
     train(run, *FAST, "trainer.max_steps=2")
     return {
@@ -55,6 +60,7 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "empty_coco": empty,
         "empty_json_coco": empty_json,
         "truncated_coco": truncated,
+        "broken_shards": broken_shards,
         **_checkpoints(root, run / "checkpoints" / "step-00000002"),
     }
 

@@ -14,14 +14,17 @@ from typing import Any
 import torch
 from pycocotools.coco import COCO
 
+from dpt.data.crop_decode import RandomResizedCropDecode
+
 # BAD_IMAGE_POLICIES and UnreadableImageError were defined here before the image folder data
 # set shared them: re-exported (`X as X`) for code that imports them from here.
 from dpt.data.images import BAD_IMAGE_POLICIES as BAD_IMAGE_POLICIES
 from dpt.data.images import (
     BadImages,
+    Decoder,
+    DecodeThen,
     LabelledImageFiles,
     check_choice,
-    train_transform,
     val_transform,
 )
 from dpt.data.images import UnreadableImageError as UnreadableImageError
@@ -63,6 +66,7 @@ class CocoClassification(LabelledImageFiles):
         on_bad_image: str = "skip",
         ann_file: str | os.PathLike[str] | None = None,
         image_dir: str | os.PathLike[str] | None = None,
+        decoder: Decoder | None = None,
     ) -> None:
         check_choice("label_policy", label_policy, LABEL_POLICIES)
         self.bad_images = BadImages(on_bad_image)
@@ -70,6 +74,8 @@ class CocoClassification(LabelledImageFiles):
         self.split = split
         self.label_policy = label_policy
         self.transform = transform
+        # `decoder` (bytes to input) where given, else the whole image decoded, then `transform`.
+        self.decoder = decoder or DecodeThen(transform)
         self.on_bad_image = on_bad_image
         self.ann_file = Path(ann_file or self.root / "annotations" / f"instances_{split}.json")
         self.image_dir = Path(image_dir or self.root / split)
@@ -148,7 +154,7 @@ class CocoData:
         try:
             self.train = CocoClassification(
                 split=train_split,
-                transform=train_transform(image_size),
+                decoder=RandomResizedCropDecode(image_size),
                 ann_file=train_ann_file,
                 image_dir=train_image_dir,
                 **common,
@@ -158,7 +164,7 @@ class CocoData:
                 if val_split is None
                 else CocoClassification(
                     split=val_split,
-                    transform=val_transform(image_size),
+                    decoder=DecodeThen(val_transform(image_size)),
                     ann_file=val_ann_file,
                     image_dir=val_image_dir,
                     **common,

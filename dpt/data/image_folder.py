@@ -10,12 +10,14 @@ from typing import Any
 
 import torch
 
+from dpt.data.crop_decode import RandomResizedCropDecode
 from dpt.data.folder_layout import Layout, scan_layout
 from dpt.data.images import (
     BAD_IMAGE_POLICIES,
     BadImages,
+    Decoder,
+    DecodeThen,
     LabelledImageFiles,
-    train_transform,
     val_transform,
 )
 from dpt.errors import ConfigError
@@ -26,7 +28,7 @@ Sample = tuple[torch.Tensor, int]
 
 
 class ImageFolderDataset(LabelledImageFiles):
-    """(path, label) pairs decoded with `read_image_rgb` and transformed; `classes`,
+    """(path, label) pairs decoded and transformed by `decoder` (or `transform`); `classes`,
     `class_to_idx`, `samples` and `targets` as in torchvision's ImageFolder.
 
     `on_bad_image`: "skip" returns None for a missing, truncated or corrupt file (the loaders'
@@ -40,12 +42,15 @@ class ImageFolderDataset(LabelledImageFiles):
         classes: Sequence[str],
         transform: Callable[[torch.Tensor], Any] | None = None,
         on_bad_image: str = "skip",
+        decoder: Decoder | None = None,
     ) -> None:
         self.samples: list[tuple[str, int]] = list(samples)
         self.targets: list[int] = [label for _, label in self.samples]
         self.classes: list[str] = list(classes)
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
         self.transform = transform
+        # `decoder` (bytes to input) where given, else the whole image decoded, then `transform`.
+        self.decoder = decoder or DecodeThen(transform)
         self.bad_images = BadImages(on_bad_image)
 
     def __repr__(self) -> str:
@@ -73,8 +78,9 @@ class ImageFolderData:
         self.root = layout.root
         self.classes: list[str] = layout.classes
         self.train = ImageFolderDataset(
-            layout.train, layout.classes, train_transform(image_size), on_bad_image
-        )
+            layout.train, layout.classes, on_bad_image=on_bad_image,
+            decoder=RandomResizedCropDecode(image_size),
+        )  # fmt: skip
         self.val: ImageFolderDataset | None = None
         if layout.val_source != "none":
             self.val = ImageFolderDataset(

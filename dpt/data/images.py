@@ -48,17 +48,26 @@ def read_image_rgb(path: str | os.PathLike[str]) -> torch.Tensor:
     CMYK JPEGs into RGB; anything else (PNG, ...) or a JPEG it rejects goes through PIL. Raises
     `ImageDecodeError` for every kind of unreadable file, including a missing one.
     """
+    return decode_image_rgb(read_file(path), path)
+
+
+def read_file(path: str | os.PathLike[str]) -> bytearray:
+    """A file's bytes; ImageDecodeError for a file that cannot be read (missing, a folder...)."""
     try:
         with open(path, "rb") as f:
             # A bytearray, because torch.frombuffer warns about read-only buffers such as bytes.
-            data = bytearray(f.read())
+            return bytearray(f.read())
     except OSError as e:
         raise _error(path, e.strerror or str(e)) from e
+
+
+def decode_image_rgb(data: bytearray, source: str | os.PathLike[str]) -> torch.Tensor:
+    """`read_image_rgb` of bytes already read (a shard's member): `source` names them in errors."""
     if not data:
-        raise _error(path, "empty file")
+        raise _error(source, "empty file")
     if data.startswith(_JPEG_SOI):
-        return _decode_jpeg(data, path)
-    return _decode_with_pil(data, path)
+        return _decode_jpeg(data, source)
+    return _decode_with_pil(data, source)
 
 
 def _decode_jpeg(data: bytearray, path: str | os.PathLike[str]) -> torch.Tensor:
@@ -83,9 +92,11 @@ def _decode_jpeg(data: bytearray, path: str | os.PathLike[str]) -> torch.Tensor:
 
 def _has_end_marker(data: bytearray) -> bool:
     # Inside entropy-coded data every 0xFF byte is followed by 0x00 (byte stuffing), so an EOI
-    # after the last SOS can only be the real end of the image. Bytes after EOI are tolerated.
-    last_scan = data.rfind(_JPEG_SOS)
-    return last_scan != -1 and data.find(_JPEG_EOI, last_scan) != -1
+    # with no SOS after it ends the last scan: the real end of the image (an EXIF thumbnail's
+    # EOI is followed by the main image's SOS). Bytes after EOI are tolerated. Searching from
+    # the end for EOI, then forward from it, reads a few bytes instead of the file twice.
+    last_end = data.rfind(_JPEG_EOI)
+    return last_end != -1 and data.find(_JPEG_SOS, last_end) == -1 and _JPEG_SOS in data
 
 
 def _decode_with_pil(data: bytearray, path: str | os.PathLike[str]) -> torch.Tensor:
@@ -124,12 +135,20 @@ class BadImages:
         self.policy = policy
         self._warned: set[str] = set()
 
-    def read(self, path: str) -> torch.Tensor | None:
-        """`read_image_rgb(path)`, or None for a bad file under "skip"."""
+    def load(self, path: str, decoder: Decoder) -> torch.Tensor | None:
+        """`decoder` of the file's bytes, or None for a bad file under "skip"."""
         try:
-            return read_image_rgb(path)
+            return decoder(read_file(path), path)
         except ImageDecodeError as e:
             self.report(path, e.reason)
+            return None
+
+    def decode(self, decoder: Decoder, data: bytearray, source: str) -> torch.Tensor | None:
+        """`decoder(data, source)` (a shard's member), or None for bad bytes under "skip"."""
+        try:
+            return decoder(data, source)
+        except ImageDecodeError as e:
+            self.report(source, e.reason)
             return None
 
     def report(self, path: str, reason: str) -> None:
@@ -141,13 +160,31 @@ class BadImages:
             log.warning(f"skipping unreadable image {path}: {reason}")
 
 
+# Encoded bytes (and what to call them in errors) to the model's input.
+Decoder = Callable[[bytearray, str], torch.Tensor]
+
+
+class DecodeThen:
+    """A Decoder that decodes the whole image (`decode_image_rgb`), then applies `transform`
+    to the uint8 tensor: for a transform given as a callable of tensors."""
+
+    def __init__(self, transform: Callable[[torch.Tensor], Any] | None) -> None:
+        self.transform = transform
+
+    def __call__(self, data: bytearray, source: str) -> torch.Tensor:
+        image = decode_image_rgb(data, source)
+        return image if self.transform is None else self.transform(image)
+
+
 class LabelledImageFiles(Dataset):
     """A data set of image files with labels (COCO's, an image folder's): `samples` holds
-    (path, label) pairs; each is decoded, transformed, or None where the file is unreadable
-    and `bad_images` says skip. Subclasses fill `samples`, `transform` and `bad_images`."""
+    (path, label) pairs; each is decoded and transformed by `decoder`, or None where the file
+    is unreadable and `bad_images` says skip. Subclasses fill `samples`, `decoder` and
+    `bad_images`: dpt's own data sets decode no more than the crop needs
+    (dpt/data/crop_decode.py); a transform of tensors goes through `DecodeThen`."""
 
     samples: list[tuple[str, int]]
-    transform: Callable[[torch.Tensor], Any] | None
+    decoder: Decoder
     bad_images: BadImages
 
     def __len__(self) -> int:
@@ -159,14 +196,10 @@ class LabelledImageFiles(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | None:
         path, label = self.samples[index]
-        image = self.bad_images.read(path)
-        if image is None:
-            return None
-        if self.transform is not None:
-            # Random transforms draw from torch's global generator, which SeededSamples seeds
-            # per (epoch, sample): augmentation resumes exactly, whatever the loader workers.
-            image = self.transform(image)
-        return image, label
+        # Random transforms draw from torch's global generator, which SeededSamples seeds per
+        # (epoch, sample): augmentation resumes exactly, whatever the loader workers.
+        image = self.bad_images.load(path, self.decoder)
+        return None if image is None else (image, label)
 
 
 def check_choice(name: str, value: str, allowed: Sequence[str]) -> None:

@@ -95,20 +95,35 @@ def rank_share(
     return list(order[start : start + steps * global_batch][rank::world_size])
 
 
+# An epoch's global order from (seed, epoch): a data set may give its own (`epoch_order`).
+EpochOrder = Callable[[int, int], Sequence[int]]
+
+
+def order_of(dataset: object) -> EpochOrder:
+    """The training set's `epoch_order(seed, epoch)` where it has one (shards: shuffled with
+    locality, see dpt.data.shards.ShardOrder), else one shuffle of all its samples."""
+    own = getattr(dataset, "epoch_order", None)
+    if own is not None:
+        return own
+    size = len(dataset)  # type: ignore[arg-type]
+    return lambda seed, epoch: epoch_order(size, seed, epoch)
+
+
 class GlobalOrderSampler(Sampler[tuple[int, int]]):
     """This rank's share of the rest of an epoch (`start`), as (epoch, index) pairs: the epoch
     travels with each index into the loader workers, whose dataset copies outlive an epoch
     (persistent_workers), so each sample's augmentation can be seeded from it (SeededSamples)."""
 
-    def __init__(self, size: int, seed: int, rank: int, world_size: int) -> None:
+    def __init__(self, size: int, seed: int, rank: int, world_size: int, order: EpochOrder) -> None:
         self.size, self.seed, self.rank, self.world_size = size, seed, rank, world_size
+        self.order = order
         self.epoch = 0
         self.indices: list[int] = []
 
     def start(self, epoch: int, sample: int, global_batch: int) -> int:
         """From sample `sample` of `epoch`'s order on; returns the full steps that gives."""
         steps = steps_left(self.size, sample, global_batch)
-        order = epoch_order(self.size, self.seed, epoch)
+        order = self.order(self.seed, epoch)
         self.epoch = epoch
         self.indices = rank_share(order, sample, steps, global_batch, self.rank, self.world_size)
         return steps
@@ -186,7 +201,9 @@ def build_loaders(
     """Shard the epoch's global order even in one process, so `single` with batch B*N sees
     exactly the batches that N ddp ranks with batch B see together (same order, same seed)."""
     train_set = SeededSamples(data.train, seed)
-    sampler = GlobalOrderSampler(len(train_set), seed, env.rank, env.world_size)
+    sampler = GlobalOrderSampler(
+        len(train_set), seed, env.rank, env.world_size, order_of(data.train)
+    )
     sampler.start(0, 0, batch_size * env.world_size)  # the loader alone gives epoch 0 (benchmarks)
     common = _loader_options(data, env, seed, worker_init_fn)
     # The sampler gives every rank whole steps: equal batch sizes on every rank, so the

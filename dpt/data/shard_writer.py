@@ -34,10 +34,12 @@ DPT_KIND = "dpt-shards-v1"
 
 @dataclass(frozen=True)
 class Split:
-    """One split to write: its name and its (image file, label) pairs, in the data set's order."""
+    """One split to write: its name, its (image file, label) pairs in the data set's order, and
+    its role ("train" or "val": what `dataset=shards` reads it as)."""
 
     name: str
     samples: Sequence[tuple[str, int]]
+    role: str
 
 
 @dataclass(frozen=True)
@@ -54,13 +56,15 @@ def write_shards(
     """Write every split's shards, descriptors and the index into `out`; returns the shards."""
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, list[ShardInfo]] = {}
+    roles: dict[str, str] = {}
     for split in splits:
+        roles[split.role] = split.name
         shards = _write_split(out, split, shard_bytes)
         _write_json(out / f"{split.name}.json", _descriptor(split.name, shards, classes))
         written[split.name] = shards
         log.info(f"{split.name}: {sum(s.nsamples for s in shards)} samples in {len(shards)} shards")
     index = {"__kind__": DPT_KIND, "classes": list(classes),
-             "splits": {name: f"{name}.json" for name in written}}  # fmt: skip
+             "splits": {name: f"{name}.json" for name in written}, **roles}  # fmt: skip
     _write_json(out / INDEX, index)
     return written
 

@@ -13,7 +13,8 @@ from dpt.data.shard_writer import Split, write_shards
 from dpt.errors import DptError, one_line
 from dpt.observe.logs import setup_logging
 
-COCO_SPLITS = ("train2017", "val2017")
+# COCO's split folders and what dataset=shards reads each as.
+COCO_SPLITS = {"train2017": "train", "val2017": "val"}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -43,9 +44,9 @@ def splits_of(args: argparse.Namespace) -> tuple[list[Split], list[str]]:
         from dpt.data.folder_layout import scan_layout
 
         layout = scan_layout(args.image_folder, val_fraction=0.0, seed=0)
-        splits = [Split("train", layout.train)]
+        splits = [Split("train", layout.train, "train")]
         if layout.val:
-            splits.append(Split("val", layout.val))
+            splits.append(Split("val", layout.val, "val"))
         return splits, layout.classes
     from dpt.data.coco import CocoClassification
 
@@ -54,9 +55,9 @@ def splits_of(args: argparse.Namespace) -> tuple[list[Split], list[str]]:
     if not present:
         raise DptError(f"--coco {root}: no annotations/instances_train2017.json or _val2017.json")
     sets = [CocoClassification(root, split) for split in present]
-    return [Split(split, data.samples) for split, data in zip(present, sets, strict=True)], sets[
-        0
-    ].classes
+    pairs = zip(present, sets, strict=True)
+    splits = [Split(name, data.samples, COCO_SPLITS[name]) for name, data in pairs]
+    return splits, sets[0].classes
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -25,6 +25,7 @@ from dpt.config import (
     FSDPConfig,
     ImageFolderConfig,
     ResNetConfig,
+    ShardsConfig,
     SlurmLauncherConfig,
     TorchvisionModelConfig,
 )
@@ -118,7 +119,8 @@ def _validate_fsdp(strategy: DictConfig, trainer: DictConfig) -> None:
 
 SCHEDULER_MINIMUMS = {"warmup_steps": 0, "min_lr": 0.0, "step_size": 1, "gamma": 0.0}
 DATASET_MINIMUMS = {"num_samples": 1, "input_dim": 1, "num_classes": 2, "num_workers": 0,
-                    "num_val_samples": 0, "image_size": 16}  # fmt: skip
+                    "num_val_samples": 0, "image_size": 16, "shuffle_window": 1, "retries": 0,
+                    "cache_limit_gb": 1e-6, "timeout_s": 1e-3}  # fmt: skip
 
 
 def _validate_trainer(t: DictConfig) -> None:
@@ -204,13 +206,26 @@ def _validate_dataset_choices(dataset: DictConfig) -> None:
                 dataset[key],
                 f"must be one of {', '.join(allowed)}",
             )
-    if "root" in dataset:
+    if OmegaConf.get_type(dataset) is ShardsConfig:
+        _validate_shards_root(dataset.root)
+    elif "root" in dataset:
         root = dataset.root
         _check(Path(root).is_dir(), "dataset.root", root, "folder not found")
     if OmegaConf.get_type(dataset) is ImageFolderConfig:
         from dpt.data.folder_layout import check_layout  # no torch: a bad layout answers fast
 
         check_layout(dataset.root, dataset.val_fraction)
+
+
+def _validate_shards_root(root: str) -> None:
+    """A local root must hold dpt-shards' index; a URL is only read by the ranks (one line
+    there if it cannot be had: dpt.data.shards.read_index)."""
+    if "://" in root and not root.startswith("file://"):
+        return
+    folder = Path(root.removeprefix("file://"))
+    _check(folder.is_dir(), "dataset.root", root, "folder not found")
+    _check((folder / "index.json").is_file(), "dataset.root", root,
+           "no index.json here: write shards with dpt-shards --out <folder>")  # fmt: skip
 
 
 def _validate_slurm(cfg: DictConfig) -> None:

@@ -1,0 +1,223 @@
+"""Training and validation samples decoded from JPEG bytes at no more resolution than they need.
+
+`train_transform(S)` decodes the whole JPEG, then `RandomResizedCrop` keeps a random box of 8% to
+100% of the image and resamples it to S x S. When that box is at least 2S (4S, 8S) pixels on both
+sides, libjpeg can decode the image at 1/2 (1/4, 1/8) of its size directly (DCT scaling: the
+inverse transform of each 8x8 block is computed at 4x4, 2x2 or 1x1, and colour conversion runs on
+the smaller image), and the box still holds at least S x S pixels, so the output loses nothing.
+`RandomResizedCropDecode` does that through PIL's `Image.draft`, crops the box, resamples it with
+torch's antialiased bilinear kernel (the one torchvision's `resize` runs on uint8 images), flips,
+and converts to normalized float32 in one fused pass. A box too small for a reduction is cut from
+the whole image decoded by read_image_rgb's own decoder (`decode_jpeg`: libjpeg-turbo's pixels,
+as PIL's, about 15% sooner). Images that are not JPEGs (PNG, ...) are decoded whole by PIL.
+
+What is kept, exactly: the random draws. The crop box comes from torchvision's own
+`RandomResizedCrop.get_params` (the draws of `v2.RandomResizedCrop.make_params`, in the same
+order: scale and log-ratio per attempt, then top and left), then the flip's `torch.rand(1)`, all
+from torch's global generator, which dpt seeds per sample (dpt/data/seeded.py). A sample is a
+deterministic function of (bytes, generator state) and leaves the generator where
+`train_transform(S)` leaves it: augmentation resumes exactly, and the crops' scale, aspect ratio,
+position and flip follow the same distributions.
+
+What differs from the tensor path: when a reduction is used, the box is resampled from the
+DCT-reduced image (each reduced pixel is about the mean of a block of the full one), and its
+edges are rounded to that image's pixel grid: at most half a reduced pixel, which is at most half
+an output pixel. The crop moves by that much, so pixels differ slightly (mean absolute difference
+about 0.01-0.1 of the normalized values, by how detailed the image is; tests/test_crop_decode.py);
+the distributions of the crops and of the pixels do not. Without a reduction the output is
+`train_transform(S)`'s to float rounding. Grayscale and CMYK JPEGs come out RGB.
+
+What it buys depends on the crops: at 224 px from 640x480 images only about 1 crop in 10 is 448
+px on both sides, so the sample costs what the full-decode one does (benchmarks/pipeline.py);
+at 128 px, 3 in 4 are, and the sample runs about as fast as decoding the whole image alone. PIL's
+own `resize(box=...)` would crop and resample in one pass, but its portable C kernel is about 3x
+slower than torch's vectorized uint8 one (0.7 ms against 0.24 ms for a 300 px box to 224 px, one
+core): more than a reduced decode saves.
+
+`ResizeCenterCropDecode` is `val_transform(S)` the same way: the image decoded at the largest
+reduction that keeps it at least as large as the resized image, then torchvision's own `resize`
+and `center_crop`.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import torch
+import torch.nn.functional as nnf
+from PIL import Image, UnidentifiedImageError
+from torchvision.transforms import RandomResizedCrop
+
+from dpt.data.images import (
+    _JPEG_SOI,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    _decode_jpeg,
+    _error,
+    _has_end_marker,
+)
+
+Bytes = bytes | bytearray | memoryview
+Box = tuple[int, int, int, int]  # left, top, right, bottom, as PIL's
+
+# libjpeg's DCT scaling factors that PIL's draft asks for, largest first.
+REDUCTIONS = (8, 4, 2, 1)
+# v2.RandomResizedCrop's and v2.RandomHorizontalFlip's defaults, which train_transform uses.
+CROP_SCALE = [0.08, 1.0]
+CROP_RATIO = [3.0 / 4.0, 4.0 / 3.0]
+FLIP_P = 0.5
+
+
+def jpeg_reduction(width: int, height: int, min_width: int, min_height: int) -> int:
+    """The largest of REDUCTIONS that keeps a `width` x `height` region at least `min_width` x
+    `min_height` pixels once the image is decoded at 1/reduction of its size."""
+    for reduction in REDUCTIONS:
+        if width >= reduction * min_width and height >= reduction * min_height:
+            return reduction
+    return 1
+
+
+class RandomResizedCropDecode:
+    """`train_transform(image_size)(read_image_rgb(...))` on the bytes of an image: the same random
+    draws, a JPEG decoded at the lowest resolution the crop allows. Returns float32 (3, S, S),
+    ImageNet-normalized; raises `ImageDecodeError` for bytes that are not a readable image."""
+
+    def __init__(self, image_size: int) -> None:
+        self.image_size = image_size
+        self._normalize = _Normalize()
+
+    def __call__(self, data: Bytes, source: str) -> torch.Tensor:
+        size = self.image_size
+        encoded = _Encoded(data, source)
+        # The draws, in v2.RandomResizedCrop's order, then v2.RandomHorizontalFlip's.
+        top, left, h, w = RandomResizedCrop.get_params(encoded.header, CROP_SCALE, CROP_RATIO)
+        flip = bool(torch.rand(1) < FLIP_P)
+        reduction = encoded.draft(jpeg_reduction(w, h, size, size))
+        crop = encoded.pixels(_reduced_box(left, top, w, h, reduction))
+        # antialias=True is what RandomResizedCrop(antialias=True) asks torch for, uint8 included.
+        resized = nnf.interpolate(crop[None], (size, size), mode="bilinear", antialias=True)[0]
+        if flip:
+            resized = resized.flip(-1)
+        return self._normalize(resized)
+
+
+class _Encoded:
+    """An image's bytes, opened lazily (PIL reads the header, not the pixels): its size, a JPEG's
+    DCT reduction, and then the pixels of a box."""
+
+    def __init__(self, data: Bytes, source: str) -> None:
+        # A bytearray: what torch.frombuffer takes without warning about a read-only buffer.
+        self.buffer = data if isinstance(data, bytearray) else bytearray(data)
+        self.source = source
+        if not self.buffer:
+            raise _error(source, "empty file")
+        self.is_jpeg = self.buffer.startswith(_JPEG_SOI)
+        self.reduction = 1
+        self.img = self._open()
+        self.whole: torch.Tensor | None = None  # the whole image, once decoded whole
+        self.header: Image.Image | torch.Tensor  # what torchvision's get_params reads the size of
+        if self.img is not None:
+            self.header, self.size = self.img, self.img.size  # (width, height), before draft
+        else:
+            # A JPEG PIL cannot even open goes to read_image_rgb's decoder, which names the
+            # problem (truncation, decode_jpeg's reason) or, for a variant only it reads,
+            # decodes it.
+            self.whole = self.header = _decode_jpeg(self.buffer, source)
+            self.size = (self.whole.shape[-1], self.whole.shape[-2])
+
+    def _open(self) -> Image.Image | None:
+        try:
+            return Image.open(io.BytesIO(self.buffer))
+        except Exception as e:  # PIL's plugins raise OSError, ValueError, SyntaxError, ...
+            if self.is_jpeg:
+                return None
+            if isinstance(e, UnidentifiedImageError):  # its message names a BytesIO object
+                raise _error(self.source, "not a known image format") from e
+            raise _error(self.source, str(e) or type(e).__name__) from e
+
+    def draft(self, reduction: int) -> int:
+        """Has a JPEG decode at 1/reduction of its size; returns the reduction PIL set up."""
+        if reduction == 1 or self.img is None or self.img.format != "JPEG":
+            return 1
+        width, height = self.size
+        # draft() picks the largest of 8, 4, 2, 1 that divides the size into at least the size
+        # asked for, so asking for the size at 1/reduction gets that reduction.
+        drafted = self.img.draft("RGB", (width // reduction, height // reduction))
+        if drafted is not None:  # None: a layout draft does not handle, decoded whole
+            _, (_, _, reduced_width, _) = drafted  # the image's width at the reduced scale
+            self.reduction = round(width / reduced_width)
+        return self.reduction
+
+    def pixels(self, box: Box | None) -> torch.Tensor:
+        """The `box` of the image decoded at the reduction (None: all of it) as uint8 (3, h, w)
+        RGB, a view of (h, w, 3) pixels: what torch's uint8 resampling is fastest on."""
+        if self.img is None or (self.is_jpeg and self.reduction == 1):
+            # A whole JPEG: read_image_rgb's own decoder (decode_jpeg, whose libjpeg-turbo gives
+            # PIL's pixels about 15% sooner, PIL as its fallback), with its checks and messages.
+            if self.whole is None:
+                self.whole = _decode_jpeg(self.buffer, self.source)
+            return self.whole if box is None else self.whole[:, box[1] : box[3], box[0] : box[2]]
+        if self.is_jpeg and not _has_end_marker(self.buffer):
+            # As read_image_rgb: PIL's own message would depend on ImageFile.LOAD_TRUNCATED_IMAGES,
+            # and that setting would let a truncated file through.
+            raise _error(self.source, _TRUNCATED)
+        return _to_tensor(_load(self.img, self.source, box))
+
+
+_TRUNCATED = "JPEG is truncated (no end-of-image marker after the last scan)"
+
+
+class _Normalize:
+    """uint8 (3, S, S), any strides, to contiguous float32 (x / 255 - mean) / std in one pass."""
+
+    def __init__(self) -> None:
+        std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+        self.scale = 1.0 / (255.0 * std)
+        self.bias = -torch.tensor(IMAGENET_MEAN).view(3, 1, 1) / std
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(image.shape, dtype=torch.float32)
+        # bias + image * scale: reads the uint8 once (any layout) and writes contiguous CHW;
+        # measured faster than ToDtype + Normalize, or a transposing copy first.
+        return torch.addcmul(self.bias, image, self.scale, out=out)
+
+
+def _reduced_box(left: int, top: int, width: int, height: int, reduction: int) -> Box:
+    """The crop box on the image decoded at 1/reduction of its size, each edge rounded to the
+    nearest pixel of that image (torch's resampling takes whole pixels): at most half a reduced
+    pixel off. Rounding is monotone and shifts by whole pixels, so the box stays at least
+    width / reduction wide (a box of reduction * S keeps S) and inside the reduced image, which
+    is ceil(size / reduction) pixels."""
+    if reduction == 1:
+        return left, top, left + width, top + height
+    x0, y0, x1, y1 = (
+        _round_half_up(edge / reduction) for edge in (left, top, left + width, top + height)
+    )
+    return x0, y0, x1, y1
+
+
+def _round_half_up(value: float) -> int:
+    return int(value + 0.5)  # round() goes to even on halves: biased towards even positions
+
+
+def _load(img: Image.Image, source: str, box: Box | None) -> Image.Image:
+    """The decoded image, or its `box`, in RGB; decoding errors as ImageDecodeError."""
+    try:
+        img.load()
+    except Exception as e:  # PIL's decoders raise OSError, ValueError, SyntaxError, EOFError, ...
+        raise _error(source, str(e) or type(e).__name__) from e
+    region = img if box is None else img.crop(box)
+    # After the crop: grayscale, CMYK, palette or 16-bit pixels converted one by one, as
+    # read_image_rgb's convert("RGB") of the whole image would, but only where they are kept.
+    return region if region.mode == "RGB" else region.convert("RGB")
+
+
+def _to_tensor(img: Image.Image) -> torch.Tensor:
+    """An RGB image as uint8 (3, H, W) over its (H, W, 3) pixels, without a transposing copy."""
+    pixels = np.asarray(img)
+    with warnings.catch_warnings():
+        # The array is read-only (PIL hands out bytes); the tensor is only read, never written.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(pixels).permute(2, 0, 1)
