@@ -1,12 +1,17 @@
-"""Section `pipeline`, the input pipeline of one loader worker: JPEG images per second for the
-training sample (decode, random-resized crop, flip, normalize) against decoding alone, on the same
-photo-sized files; the sample decoded at no more resolution than its crop needs
-(dpt.data.crop_decode) against both; where CUDA is, batched decoding on the GPU too. Report:
-benchmarks/report/pipeline.py.
+"""Section `pipeline`, the input pipeline of one loader worker: images per second of dpt's
+training sample on the same photo-sized JPEGs in each form dpt reads them: files
+(`CocoClassification.__getitem__`, what `dataset=coco` trains on), and the same images as
+WebDataset shards written by `dpt-shards`, read from a folder and over HTTP through dpt's shard
+cache (`ShardsData.train[i]`, what `dataset=shards` trains on). Each against decoding alone, and
+against the recipes dpt's sample replaced (the whole image decoded, then `train_transform`; PIL's
+classic recipe); at 224 px and, where the reduced decode pays, at 128 px; where CUDA is, batched
+decoding on the GPU too. Report: benchmarks/report/pipeline.py.
 
-A DataLoader worker runs one intra-op thread, so everything here runs with one thread. The files
-are made up (a smooth colour field plus grain, 640x480, quality 90: about the size and entropy of
-a COCO photo) and laid out as COCO, so the dpt variant is `CocoClassification.__getitem__` itself.
+A DataLoader worker runs one intra-op thread, so everything here runs with one thread. Every
+sample is drawn as training draws it, from torch's generator seeded with the sample's index
+(dpt/data/seeded.py seeds it per sample), so every contender makes the same crops: a ratio
+compares the same work. The files are made up (a smooth colour field plus grain, 640x480,
+quality 90: about the size and entropy of a COCO photo) and laid out as COCO.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,27 +33,45 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms import v2
 
-from benchmarks.runner import Say, Stat, alternate, paired_ratios, time_calls
+from benchmarks.runner import Say, Stat, alternate, paired_ratios, run_process, time_calls
 from dpt.data.coco import CocoClassification
 from dpt.data.crop_decode import RandomResizedCropDecode
 from dpt.data.images import IMAGENET_MEAN, IMAGENET_STD, read_image_rgb, train_transform
+from dpt.data.shard_cache import CacheStats
+from dpt.data.shards import ShardsData
 
-SPLIT = "train"
+SPLIT = "train2017"  # the COCO split that dpt-shards --coco writes as the training split
+SIZE, SMALL_SIZE = 224, 128  # at 128 px from 640x480, 3 crops in 4 decode reduced
+# The rows the report reads by name (the variant column): dpt's training sample in each form.
+SAMPLE = "dpt train sample"  # from files: CocoClassification with dpt's decoder
+LOCAL_SHARDS = "dpt train sample, local shards"
+HTTP_SHARDS = "dpt train sample, shards over HTTP"
+HTTP_SMALL_CACHE = "dpt train sample, shards over HTTP, cache < set"
+DECODE_ONLY = "decode only"
+REDUCED = "PIL draft / decode_jpeg"  # the decoder of dpt's samples (dpt.data.crop_decode)
+COUNTS = ("hits", "misses", "bytes_downloaded", "evictions")  # CacheStats' counters
 
 
 def run(args: argparse.Namespace, tmp: Path, say: Say) -> dict[str, Any]:
-    """(3) images/s per loader worker: training transform against decode-only."""
+    """(3) images/s per loader worker: dpt's sample from files and from shards, local and over
+    HTTP, against decode-only and the recipes it replaced."""
     count, rounds = (6, 1) if args.smoke else (12, 2) if args.quick else (100, 5)
     root = make_jpegs(tmp / "coco", count)
-    say(f"  {count} JPEGs of 640x480 written; timing one worker")
-    rows = measure_cpu(root, image_size=224, rounds=rounds)
+    shards = write_shards(root, tmp / "shards", tmp / "dpt-shards.txt")
+    sizes = shard_sizes(shards)
+    say(f"  {count} JPEGs of 640x480 written, as {len(sizes)} shards too; timing one worker")
+    with serve_folder(shards) as url:
+        inputs = Inputs(root, shards, url, tmp / "caches", sum(sizes), max(sizes))
+        rows = measure_cpu(inputs, rounds=rounds)
     if torch.cuda.is_available():
-        rows += measure_gpu_decode(root, 224, batch=128, rounds=rounds, device=torch.device("cuda"))
-    return {"pipeline": rows, "pipeline_files": count}
+        cuda = torch.device("cuda")
+        rows += measure_gpu_decode(root, SIZE, batch=128, rounds=rounds, device=cuda)
+    shard_info = {"count": len(sizes), "bytes": sum(sizes), "largest": max(sizes)}
+    return {"pipeline": rows, "pipeline_files": count, "pipeline_shards": shard_info}
 
 
 def make_jpegs(root: Path, count: int, size: tuple[int, int] = (640, 480), seed: int = 0) -> Path:
-    """`count` JPEGs under root/train/ and a one-category COCO annotation file; returns root."""
+    """`count` JPEGs under root/train2017/ and a one-category COCO annotation file; returns root."""
     rng = np.random.default_rng(seed)
     (root / SPLIT).mkdir(parents=True)
     (root / "annotations").mkdir()
@@ -77,67 +103,208 @@ def files_of(root: Path) -> list[Path]:
     return sorted((root / SPLIT).glob("*.jpg"))
 
 
+# --- the shards ---------------------------------------------------------------------------------
+
+
+def write_shards(root: Path, out: Path, console: Path) -> Path:
+    """The COCO set under `root` as shards in `out`, by `dpt-shards` itself. Shards of a quarter
+    of the set (2 MB for 100 files): 4 or 5 shards, more than the 3 a reader keeps open, so every
+    pass opens each shard again, through the cache for a remote one, as an epoch over a large
+    set does. A subprocess: dpt-shards sets up the `dpt` logger of the process it runs in."""
+    total = sum(path.stat().st_size for path in files_of(root))
+    shard_mb = total / 4 / 2**20  # dpt-shards' MB are MiB
+    cmd = [sys.executable, "-m", "dpt.launch.shards", "--coco", str(root), "--out", str(out),
+           "--shard-size-mb", f"{shard_mb:.6f}"]  # fmt: skip
+    run_process(cmd, console, dict(os.environ), timeout_s=300, what="dpt-shards")
+    return out
+
+
+def shard_sizes(out: Path) -> list[int]:
+    """Bytes of each training shard, as the split's descriptor lists them."""
+    descriptor = json.loads((out / f"{SPLIT}.json").read_text())
+    return [int(shard["filesize"]) for shard in descriptor["shardlist"]]
+
+
+@contextmanager
+def serve_folder(folder: Path) -> Iterator[str]:
+    """`folder` over HTTP on loopback (the test suite's server: Python's http.server in a thread
+    of this process) for the length of a `with`: its URL."""
+    from tests.http_server import serve  # the repo's tests are a package; the benchmark runs there
+
+    with serve(folder) as served:
+        yield served.url
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The section's images in every form: files laid out as COCO, the same as shards in a
+    folder and served over HTTP; a folder for the shard caches (each contender its own)."""
+
+    root: Path
+    shards: Path
+    url: str
+    caches: Path
+    set_bytes: int  # all training shards
+    largest: int  # the largest shard: a cache must hold it
+
+
+@dataclass(frozen=True)
+class CacheProbe:
+    """A remote ShardsData's cache: its limit, and its counters in this (the reading) process."""
+
+    data: ShardsData
+    limit_bytes: int
+
+    def counts(self) -> dict[str, int]:
+        # The cache is made on the first read of the process; before that, nothing was counted.
+        cache = self.data.train._cache
+        stats = cache.stats if cache is not None else CacheStats()
+        return {key: getattr(stats, key) for key in COUNTS}
+
+
+def shards_data(root: str, image_size: int, cache_dir: Path, limit_bytes: int) -> ShardsData:
+    """`dataset=shards` as a run builds it; bad data raises (a skipped sample would time as
+    fast)."""
+    return ShardsData(
+        root=root, image_size=image_size, num_workers=0, on_bad_image="error", shuffle_window=1,
+        cache_dir=str(cache_dir), cache_limit_gb=limit_bytes / 1e9, retries=0, timeout_s=30.0,
+        seed=0,
+    )  # fmt: skip
+
+
+# --- the contenders -----------------------------------------------------------------------------
+
+
+def contender_name(decoder: str, what: str, size: int | None = None) -> str:
+    return f"{decoder}: {what}" + (f", {size} px" if size else "")
+
+
+DECODE_JPEG_ONLY = contender_name("decode_jpeg", DECODE_ONLY)
+PIL_ONLY = contender_name("PIL", DECODE_ONLY)
+
+
 @dataclass(frozen=True)
 class Contender:
     """One row of the section: `sample(i)` for every file i per pass, its images/s as a ratio,
-    round by round, to the contender named `baseline` (and to `also_vs`, where given)."""
+    round by round, to the contender named `baseline` (a decode-only row) and to `also_vs`
+    (dpt's sample from files at the same size), where given."""
 
     decoder: str
     what: str
     sample: Callable[[int], Any]
-    baseline: str = "decode_jpeg: decode only"
+    size: int | None = None  # output pixels; None: decoding alone
+    baseline: str = DECODE_JPEG_ONLY
     also_vs: str | None = None
+    cache: CacheProbe | None = None  # a remote shard reader's cache
 
     @property
     def name(self) -> str:
-        return f"{self.decoder}: {self.what}"
+        return contender_name(self.decoder, self.what, self.size)
 
 
-def cpu_contenders(root: Path, image_size: int) -> list[Contender]:
+def cpu_contenders(inputs: Inputs) -> list[Contender]:
     """The rows, in the report's order; each a function of the sample index that reads its file
-    (a loader worker's work for one sample). A new kind of input adds its contenders here."""
-    files = files_of(root)
-    dataset = CocoClassification(root, SPLIT, transform=train_transform(image_size))
-    crop_flip = v2.Compose(
-        [v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip()]
-    )
-    reduced = RandomResizedCropDecode(image_size)
+    or shard (a loader worker's work for one sample). A new kind of input adds its contenders
+    here."""
+    files = files_of(inputs.root)
+    crop_flip = v2.Compose([v2.RandomResizedCrop(SIZE, antialias=True), v2.RandomHorizontalFlip()])
+    reduced = RandomResizedCropDecode(SIZE)
     pil_train = v2.Compose(
         [
-            v2.RandomResizedCrop(image_size, antialias=True),
+            v2.RandomResizedCrop(SIZE, antialias=True),
             v2.RandomHorizontalFlip(),
             v2.PILToTensor(),
             v2.ToDtype(torch.float32, scale=True),
             v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
         ]
     )
-    sample = "decode_jpeg: dpt train sample"
+    sample = contender_name(REDUCED, SAMPLE, SIZE)
     return [
         Contender(
             "decode_jpeg",
-            "decode only",
+            DECODE_ONLY,
             lambda i: decode_jpeg(read_file(str(files[i])), mode=ImageReadMode.RGB),
         ),
-        Contender("decode_jpeg", "dpt train sample", lambda i: dataset[i]),
+        *dpt_samples(inputs, SIZE, remote=True),
+        # Decoding at 1/2, 1/4, 1/8 where the crop allows (PIL's draft), decode_jpeg elsewhere;
+        # the bytes in hand, no data set around it.
         Contender(
-            "decode_jpeg", "crop+flip, uint8 out", lambda i: crop_flip(read_image_rgb(files[i]))
-        ),
-        # Decoding at 1/2, 1/4, 1/8 where the crop allows (PIL's draft), decode_jpeg elsewhere.
-        Contender(
-            "PIL draft / decode_jpeg",
+            REDUCED,
             "reduced decode",
             lambda i: reduced(files[i].read_bytes(), str(files[i])),
+            SIZE,
             also_vs=sample,
         ),
-        Contender("PIL", "decode only", lambda i: _pil_rgb(files[i]), "PIL: decode only"),
+        whole_decode_sample(inputs, SIZE),
+        Contender(
+            "decode_jpeg",
+            "crop+flip, uint8 out",
+            lambda i: crop_flip(read_image_rgb(files[i])),
+            SIZE,
+            also_vs=sample,
+        ),
+        Contender("PIL", DECODE_ONLY, lambda i: _pil_rgb(files[i]), baseline=PIL_ONLY),
         Contender(
             "PIL",
             "train transform",
             lambda i: pil_train(_pil_rgb(files[i])),
-            "PIL: decode only",
+            SIZE,
+            baseline=PIL_ONLY,
             also_vs=sample,
         ),
+        # At 128 px most crops decode reduced: the sample against decode-only where it pays.
+        *dpt_samples(inputs, SMALL_SIZE, remote=False),
+        whole_decode_sample(inputs, SMALL_SIZE),
     ]
+
+
+def dpt_samples(inputs: Inputs, size: int, remote: bool) -> list[Contender]:
+    """dpt's training sample from files, from local shards and (`remote`) from the shards over
+    HTTP: through a cache that holds the set (hits once warm), and through one of half the set
+    (every shard evicted before it is read again: a download each time)."""
+    files = CocoClassification(
+        inputs.root, SPLIT, decoder=RandomResizedCropDecode(size), on_bad_image="error"
+    )
+    local = shards_data(str(inputs.shards), size, inputs.caches / f"local-{size}", 0)
+    sample = contender_name(REDUCED, SAMPLE, size)
+    rows = [
+        Contender(REDUCED, SAMPLE, lambda i: files[i], size),
+        Contender(REDUCED, LOCAL_SHARDS, lambda i: local.train[i], size, also_vs=sample),
+    ]
+    if remote:
+        caches = {
+            HTTP_SHARDS: ("http", 2 * inputs.set_bytes),
+            HTTP_SMALL_CACHE: ("http-small", _small_cache(inputs)),
+        }
+        for what, (folder, limit) in caches.items():  # a fresh cache folder each
+            data = shards_data(inputs.url, size, inputs.caches / f"{folder}-{size}", limit)
+            probe = CacheProbe(data, limit)
+            rows.append(
+                Contender(REDUCED, what, data.train.__getitem__, size, also_vs=sample, cache=probe)
+            )
+    return rows
+
+
+def _small_cache(inputs: Inputs) -> int:
+    """Half the set (at least its largest shard): read in order, every shard is evicted before
+    its next turn, so each pass downloads the whole set again."""
+    limit = max(inputs.set_bytes // 2, inputs.largest)
+    if limit >= inputs.set_bytes:  # one shard: no limit below the set holds it
+        raise RuntimeError("pipeline: the shards are too few for a cache smaller than the set")
+    return limit
+
+
+def whole_decode_sample(inputs: Inputs, size: int) -> Contender:
+    """The sample dpt's decoder replaced: the whole JPEG decoded (`decode_jpeg`), then
+    `train_transform`, through the same data set class."""
+    whole = CocoClassification(
+        inputs.root, SPLIT, transform=train_transform(size), on_bad_image="error"
+    )
+    sample = contender_name(REDUCED, SAMPLE, size)
+    return Contender(
+        "decode_jpeg", "train_transform after a whole decode", lambda i: whole[i], size,
+        also_vs=sample,
+    )  # fmt: skip
 
 
 def _pil_rgb(path: Path) -> Image.Image:
@@ -145,38 +312,86 @@ def _pil_rgb(path: Path) -> Image.Image:
         return img.convert("RGB")  # convert() decodes the whole image
 
 
-def measure_cpu(root: Path, image_size: int, rounds: int) -> list[dict[str, Any]]:
-    """Images/s of one worker per contender, each round one pass over the files per contender."""
-    torch.manual_seed(0)
-    contenders = cpu_contenders(root, image_size)
-    count = len(files_of(root))
+# --- measuring ----------------------------------------------------------------------------------
+
+
+def measure_cpu(inputs: Inputs, rounds: int) -> list[dict[str, Any]]:
+    """Images/s of one worker per contender, each round one pass over the files per contender;
+    a remote reader's cache counters per pass."""
+    contenders = cpu_contenders(inputs)
+    count = len(files_of(inputs.root))
+    counts: dict[str, list[dict[str, int]]] = {c.name: [] for c in contenders}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # what a DataLoader worker runs with; later sections get it back
 
-    def one_pass(sample: Callable[[int], Any]) -> float:
-        (elapsed,) = time_calls(lambda: [sample(i) for i in range(count)], 1)
+    def one_pass(contender: Contender) -> float:
+        before = contender.cache.counts() if contender.cache else {}
+        (elapsed,) = time_calls(lambda: [_seeded(contender.sample, i) for i in range(count)], 1)
+        if contender.cache:
+            after = contender.cache.counts()
+            counts[contender.name].append({k: after[k] - before[k] for k in COUNTS})
         return count / elapsed
 
-    try:  # a warmup round first: the page cache, the allocators
-        passes = {c.name: functools.partial(one_pass, c.sample) for c in contenders}
+    try:  # a warmup round first: the page cache, the allocators, a remote reader's downloads
+        passes = {c.name: functools.partial(one_pass, c) for c in contenders}
         rates = alternate(passes, rounds, warmup=1)
+        check_same_crops(contenders, count)
     finally:
         torch.set_num_threads(threads)
-    return [_row(c, rates) for c in contenders]
+    return [_row(c, rates, counts[c.name]) for c in contenders]
 
 
-def _row(contender: Contender, rates: dict[str, list[float]]) -> dict[str, Any]:
+def _seeded(sample: Callable[[int], Any], index: int) -> Any:
+    # As SeededSamples seeds a training sample (CPU generator only: torch.manual_seed would also
+    # queue CUDA's seeding): every contender draws the same crop and flip for sample `index`.
+    torch.default_generator.manual_seed(index)
+    return sample(index)
+
+
+def check_same_crops(contenders: list[Contender], count: int) -> None:
+    """dpt's sample from every form equals the one from files (same bytes, same draws), for the
+    first and the last sample: a ratio between them compares the same work."""
+    for reference in (c for c in contenders if c.what == SAMPLE):
+        for other in (c for c in contenders if c.also_vs == reference.name):
+            if not other.what.startswith(SAMPLE):
+                continue  # another recipe: other pixels, same crop
+            for index in (0, count - 1):
+                expected, got = _seeded(reference.sample, index), _seeded(other.sample, index)
+                if got is None or not torch.equal(expected[0], got[0]):
+                    raise RuntimeError(f"pipeline: {other.name} differs from files at {index}")
+
+
+def _row(
+    contender: Contender, rates: dict[str, list[float]], passes: list[dict[str, int]]
+) -> dict[str, Any]:
     values = rates[contender.name]
-    row = {
+    row: dict[str, Any] = {
         "decoder": contender.decoder,
         "what": contender.what,
+        "size": contender.size,
         "images_s": Stat.of(values),
         "vs_decode": paired_ratios(values, rates[contender.baseline]),
         "baseline": contender.baseline,
     }
     if contender.also_vs is not None:
         row["vs_sample"] = paired_ratios(values, rates[contender.also_vs])
+    if contender.cache is not None:
+        row["cache"] = _cache_summary(contender.cache.limit_bytes, passes)
     return row
+
+
+def _cache_summary(limit_bytes: int, passes: list[dict[str, int]]) -> dict[str, Any]:
+    """The first (warmup) pass's counters, a cold cache's, and the timed passes' summed."""
+    timed = {key: sum(p[key] for p in passes[1:]) for key in COUNTS}
+    opened = timed["hits"] + timed["misses"]
+    return {
+        "limit_bytes": limit_bytes,
+        "first_pass": passes[0],
+        "timed": timed,
+        "timed_passes": len(passes) - 1,
+        "hit_rate": timed["hits"] / opened if opened else 0.0,
+        "first_hit_rate": CacheStats(passes[0]["hits"], passes[0]["misses"]).hit_rate,
+    }
 
 
 def gpu_batch_transform(image_size: int) -> Callable[[list[torch.Tensor]], torch.Tensor]:
@@ -219,6 +434,7 @@ def measure_gpu_decode(
         {
             "decoder": f"decode_jpeg batched on {device.type}",
             "what": name,
+            "size": image_size if name != "decode only" else None,
             "images_s": Stat.of(values),
             "vs_decode": paired_ratios(values, rates["decode only"]),
         }

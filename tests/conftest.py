@@ -9,6 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests import netns
+from tests.helpers import dpt_logger_kept
 from tests.slurm_fixture import slurm_cluster  # noqa: F401  (one cluster for the session)
 
 
@@ -27,3 +28,11 @@ def two_hosts() -> Iterator[netns.TwoHosts]:
         yield hosts
     finally:
         netns.down(name)
+
+
+@pytest.fixture(autouse=True)
+def _dpt_logger_put_back() -> Iterator[None]:
+    """A command run in process sets the `dpt` logger up for the whole process: put it back
+    after each test (tests.helpers.dpt_logger_kept)."""
+    with dpt_logger_kept():
+        yield

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import ipaddress
+import logging
 import os
 import signal
 import socket
@@ -310,3 +311,29 @@ def build_trainer(run_dir: Path, env: Any, *overrides: str) -> Any:
 
     cfg = RunConfig.of(compose(*overrides))
     return Trainer(build_parts(cfg, env, run_dir, run_dir / f"rank{env.rank}.log"))
+
+
+@contextlib.contextmanager
+def dpt_logger_kept() -> Iterator[None]:
+    """The `dpt` logger as it was before the block: a command run in process (dpt-shards'
+    `main`) sets it up for the whole process (a console handler, INFO, no propagation), and the
+    next test in the same worker would print, or miss in caplog, what it logs."""
+    logger = logging.getLogger("dpt")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    try:
+        yield
+    finally:
+        for handler in logger.handlers:
+            if handler not in handlers:
+                handler.close()
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def write_shards(*args: str) -> None:
+    """`dpt-shards ARGS` in process, the `dpt` logger left as it was."""
+    from dpt.launch.shards import main
+
+    with dpt_logger_kept():
+        main(list(args))

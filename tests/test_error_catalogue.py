@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpt.launch.shards import main as write_shards
 from scripts.make_coco_fixture import make_fixture
-from tests.helpers import FAST, REPO, read_checkpoint, train
+from tests.helpers import FAST, REPO, read_checkpoint, train, write_shards
 
 CATALOGUE = REPO / "docs" / "errors.md"
 GPU_ROWS = ("GPUs that do not exist",)
@@ -49,7 +48,7 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ann = truncated / "annotations" / "instances_train2017.json"
     ann.write_text(ann.read_text()[:500])
     broken_shards = root / "broken_shards"  # dpt-shards' output, its training shards deleted
-    write_shards(["--coco", str(coco), "--out", str(broken_shards), "--shard-size-mb", "0.02"])
+    write_shards("--coco", str(coco), "--out", str(broken_shards), "--shard-size-mb", "0.02")
     for shard in broken_shards.glob("train2017-*.tar"):
         shard.unlink()
     run = root / "mlp_run"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dpt.launch.shards import main
 from scripts.make_coco_fixture import make_fixture
+from tests.helpers import write_shards
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +27,14 @@ def _digest(folder: Path) -> dict[str, str]:
 
 def test_the_same_coco_set_gives_the_same_bytes(coco: Path, tmp_path: Path) -> None:
     for out in ("a", "b"):
-        main(["--coco", str(coco), "--out", str(tmp_path / out), "--shard-size-mb", "0.05"])
+        write_shards("--coco", str(coco), "--out", str(tmp_path / out), "--shard-size-mb", "0.05")
     first, second = _digest(tmp_path / "a"), _digest(tmp_path / "b")
     assert first == second
     assert len([name for name in first if name.endswith(".tar")]) > 2  # several shards a split
 
 
 def test_the_index_lists_shards_samples_and_classes(coco: Path, tmp_path: Path) -> None:
-    main(["--coco", str(coco), "--out", str(tmp_path), "--shard-size-mb", "0.05"])
+    write_shards("--coco", str(coco), "--out", str(tmp_path), "--shard-size-mb", "0.05")
     index = json.loads((tmp_path / "index.json").read_text())
     assert set(index["splits"]) == {"train2017", "val2017"}
     train = json.loads((tmp_path / index["splits"]["train2017"]).read_text())
@@ -54,7 +54,7 @@ def test_an_image_folder_keeps_its_labels(tmp_path: Path, coco: Path) -> None:
     for split, cls in (("train", "cat"), ("train", "dog"), ("val", "cat"), ("val", "dog")):
         (tmp_path / "in" / split / cls).mkdir(parents=True)
         (tmp_path / "in" / split / cls / "a.jpg").write_bytes(image.read_bytes())
-    main(["--image-folder", str(tmp_path / "in"), "--out", str(tmp_path / "out")])
+    write_shards("--image-folder", str(tmp_path / "in"), "--out", str(tmp_path / "out"))
     index = json.loads((tmp_path / "out" / "index.json").read_text())
     assert index["classes"] == ["cat", "dog"] and set(index["splits"]) == {"train", "val"}
     with tarfile.open(tmp_path / "out" / "train-000000.tar") as tar:

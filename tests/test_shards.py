@@ -14,8 +14,9 @@ from dpt.data.crop_decode import RandomResizedCropDecode
 from dpt.data.shard_cache import ShardUnavailable
 from dpt.data.shards import ShardOrder, ShardsData
 from dpt.errors import ConfigError, DptError
-from dpt.launch.shards import main as write_shards
 from scripts.make_coco_fixture import make_fixture
+from tests.helpers import write_shards
+from tests.http_server import serve
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def written(coco: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("shards")
-    write_shards(["--coco", str(coco), "--out", str(out), "--shard-size-mb", "0.02"])
+    write_shards("--coco", str(coco), "--out", str(out), "--shard-size-mb", "0.02")
     return out
 
 
@@ -135,13 +136,29 @@ def test_a_folder_without_an_index_is_one_line(tmp_path: Path) -> None:
         _data(tmp_path, tmp_path)
 
 
-def test_a_cache_smaller_than_a_shard_is_refused_before_training(written: Path) -> None:
-    pytest.importorskip("http.server")
-    with pytest.raises(ConfigError) as raised:
-        from dpt.data.shard_cache import FetchPolicy
-        from dpt.data.shards import _check_cache_limit, read_index
+def test_a_cache_smaller_than_a_shard_is_refused_before_training(
+    written: Path, tmp_path: Path
+) -> None:
+    with serve(written) as server, pytest.raises(ConfigError) as raised:
+        _data(server.url, tmp_path, cache_limit_gb=0.00001)
+    assert str(raised.value) == (
+        f"dataset.cache_limit_gb=1e-05 is smaller than shard {server.url}/train2017-000000.tar "
+        "(3.07e-05 GB); raise it (to a few shards at least)"
+    )
+    assert [path for path in server.requests if path.endswith(".tar")] == []  # nothing fetched
 
-        index = read_index(str(written), FetchPolicy())
-        index = type(index)("http://x/shards", index.classes, index.splits)
-        _check_cache_limit(index, 0.00001)
-    assert str(raised.value).startswith("dataset.cache_limit_gb=1e-05 is smaller than shard ")
+
+def test_over_http_the_samples_are_the_local_ones(written: Path, tmp_path: Path) -> None:
+    local = _data(written, tmp_path)
+    with serve(written) as server:
+        remote = _data(server.url, tmp_path)
+        for index in range(len(local.train)):
+            torch.manual_seed(index)
+            here = local.train[index]
+            torch.manual_seed(index)
+            there = remote.train[index]
+            assert (here is None) == (there is None)
+            if here is not None and there is not None:
+                assert torch.equal(here[0], there[0]) and here[1] == there[1]
+    assert remote.train._cache is not None
+    assert remote.train._cache.stats.misses == 5  # each training shard downloaded once

@@ -16,9 +16,15 @@ from pathlib import Path
 import pytest
 
 from dpt.data.shard_cache import _flock
-from dpt.launch.shards import main as write_shards
 from scripts.make_coco_fixture import make_fixture
-from tests.helpers import committed_checkpoints, load_weights, max_abs_diff, run_until, train
+from tests.helpers import (
+    committed_checkpoints,
+    load_weights,
+    max_abs_diff,
+    run_until,
+    train,
+    write_shards,
+)
 from tests.http_server import serve
 
 pytestmark = pytest.mark.slow  # every test here starts train.py
@@ -35,7 +41,7 @@ def coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _write(coco: Path, out: Path, megabytes: float) -> Path:
-    write_shards(["--coco", str(coco), "--out", str(out), "--shard-size-mb", str(megabytes)])
+    write_shards("--coco", str(coco), "--out", str(out), "--shard-size-mb", str(megabytes))
     return out
 
 
