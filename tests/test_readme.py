@@ -91,10 +91,11 @@ def _argv(command: str, index: int, folder: Path) -> list[str]:
     program = {
         "python": [sys.executable],
         "dpt": [str(BIN / "dpt")],
+        "dpt-shards": [str(BIN / "dpt-shards")],
         "torchrun": [sys.executable, "-m", "torch.distributed.run"],
     }[args[0]]
     args = program + args[1:]
-    if "train.py" not in command and not command.startswith("dpt"):
+    if "train.py" not in command and not command.startswith("dpt "):
         return args  # a helper script, not a run
     overrides = " ".join(args)
     if "--cfg" in args or "--help" in args:

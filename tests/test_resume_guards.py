@@ -64,6 +64,26 @@ def test_each_difference_is_applied_or_refused(override: str, applied: bool) -> 
     assert found.applied or found.refused  # the override is a difference at all
 
 
+@pytest.mark.parametrize(
+    ("override", "applied"),
+    [
+        ("dataset.cache_limit_gb=5", True),
+        ("dataset.cache_dir=/elsewhere", True),
+        ("dataset.retries=9", True),
+        ("dataset.timeout_s=5", True),
+        ("dataset.shuffle_window=64", False),  # another order of the same samples
+        ("dataset.root=http://host/shards", False),
+    ],
+)
+def test_shards_may_be_fetched_otherwise_not_ordered_otherwise(
+    override: str, applied: bool
+) -> None:
+    shards = ("model=resnet18", "dataset=shards", "dataset.root=/data/shards")
+    before = flat(OmegaConf.to_yaml(compose(*shards)))
+    found = compare(before, flat(OmegaConf.to_yaml(compose(*shards, override))))
+    assert bool(found.refused) is not applied and (found.applied or found.refused), found
+
+
 def test_a_refused_kind_is_named_before_its_values() -> None:
     found = compare(flat(_yaml()), flat(_yaml("optimizer=sgd")))
     assert found.refused[0].key == "optimizer._target_"

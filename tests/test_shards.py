@@ -3,7 +3,11 @@ were written from, and a shard that cannot be had under each bad-data policy."""
 
 from __future__ import annotations
 
+import io
+import json
 import logging
+import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -162,3 +166,26 @@ def test_over_http_the_samples_are_the_local_ones(written: Path, tmp_path: Path)
                 assert torch.equal(here[0], there[0]) and here[1] == there[1]
     assert remote.train._cache is not None
     assert remote.train._cache.stats.misses == 5  # each training shard downloaded once
+
+
+def test_a_shard_of_another_layout_is_one_line(written: Path, tmp_path: Path) -> None:
+    """A WebDataset shard whose labels are not in <key>.cls (another tool's layout)."""
+    root = tmp_path / "shards"
+    shutil.copytree(written, root)
+    shard = root / "train2017-000000.tar"
+    with tarfile.open(shard) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for member, data in members:
+            member.name = member.name.replace(".cls", ".json")
+            tar.addfile(member, io.BytesIO(data))
+    descriptor = json.loads((root / "train2017.json").read_text())
+    descriptor["shardlist"][0]["filesize"] = shard.stat().st_size
+    (root / "train2017.json").write_text(json.dumps(descriptor))
+    data = _data(root, tmp_path)
+    with pytest.raises(DptError) as raised:
+        data.train[0]
+    assert str(raised.value) == (
+        f"shard {shard}: sample 00000000 has members ['.jpg', '.json']; dataset=shards reads "
+        "<key>.<image extension> and <key>.cls (as dpt-shards writes)"
+    )

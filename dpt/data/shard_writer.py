@@ -25,6 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 log = logging.getLogger("dpt")
 
 INDEX = "index.json"
@@ -73,7 +75,9 @@ def _write_split(out: Path, split: Split, shard_bytes: int) -> list[ShardInfo]:
     shards: list[ShardInfo] = []
     batch: list[tuple[str, bytes, int]] = []  # (member name of the image, its bytes, label)
     size = 0
-    for index, (path, label) in enumerate(split.samples):
+    # A bar on a terminal (disable=None: none in a log file), for sets of millions of images.
+    progress = tqdm(split.samples, desc=split.name, unit="img", disable=None, leave=False)
+    for index, (path, label) in enumerate(progress):
         try:
             data = Path(path).read_bytes()
         except OSError as error:  # a truncated file is copied as it is; a missing one cannot be

@@ -168,9 +168,17 @@ class ShardedImages(Dataset):
         if samples is None:
             return None
         sample = samples[k]  # wids' keys: the members' extensions with their dot, and "__key__"
+        url = self.shards[shard].url
+        members = sorted(e for e in sample if e != "__key__")
+        images = [e for e in members if e != ".cls"]
+        if ".cls" not in sample or not images:
+            raise DptError(
+                f"shard {url}: sample {sample['__key__']} has members {members}; "
+                "dataset=shards reads <key>.<image extension> and <key>.cls (as dpt-shards writes)"
+            )
         label = int(sample[".cls"].getvalue())
-        ext = next(e for e in sample if e not in (".cls", "__key__"))
-        source = f"{self.shards[shard].url}/{sample['__key__']}{ext}"
+        ext = images[0]
+        source = f"{url}/{sample['__key__']}{ext}"
         # A bytearray: the decoders hand it to torch.frombuffer, which warns on read-only bytes.
         image = self.bad_images.decode(self.decode, bytearray(sample[ext].getvalue()), source)
         return None if image is None else (image, label)

@@ -35,6 +35,11 @@ APPLIED = (
     "launcher.",
     "strategy.",  # checkpoints are the same for every strategy and world size
     "dataset.num_workers",  # augmentation draws from (seed, epoch, sample), not worker RNG
+    # dataset=shards: where and how shards are fetched and kept, not which samples they hold
+    "dataset.cache_dir",
+    "dataset.cache_limit_gb",
+    "dataset.retries",
+    "dataset.timeout_s",
     "optimizer.lr",
     "optimizer.weight_decay",
     "optimizer.betas",
