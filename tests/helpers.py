@@ -337,3 +337,20 @@ def write_shards(*args: str) -> None:
 
     with dpt_logger_kept():
         main(list(args))
+
+
+@contextlib.contextmanager
+def small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """`folder` as a real file system of `size` (tmpfs, e.g. "64k"), to fill; unmounted after.
+    Fails (never skips) where it cannot be mounted: these tests need root, as CI has."""
+    folder.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        import pytest
+
+        pytest.fail(f"cannot mount a small tmpfs (root needed): {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)

@@ -32,6 +32,7 @@ from tests.helpers import (
     compose,
     read_checkpoint,
     run_until,
+    small_tmpfs,
     train,
 )
 
@@ -47,16 +48,8 @@ def _snapshot(run: Path) -> dict[str, bytes]:
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[Path]:
     """A real file system with no room left (a one-page tmpfs, that page filled)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(disk)],
-                             capture_output=True, text=True)  # fmt: skip
-    if mounted.returncode != 0:
-        pytest.fail(f"cannot mount a small tmpfs (root needed): {mounted.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "4k") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 def _fill(disk: Path) -> None:

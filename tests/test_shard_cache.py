@@ -15,7 +15,6 @@ import os
 import random
 import re
 import socket
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -39,6 +38,7 @@ from dpt.data.shard_cache import (
     read_bytes,
 )
 from dpt.errors import DptError
+from tests.helpers import small_tmpfs
 
 FAST = FetchPolicy(retries=3, backoff_s=0.01, timeout_s=5.0)
 MB = 1_000_000
@@ -135,16 +135,8 @@ def warnings() -> Iterator[list[str]]:
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A real file system of 64 kB (tmpfs), to fill."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
-                             capture_output=True, text=True)  # fmt: skip
-    if mounted.returncode != 0:
-        pytest.fail(f"cannot mount a small tmpfs (root needed): {mounted.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "64k") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 # --- helpers -----------------------------------------------------------------------------------

@@ -13,14 +13,13 @@ import torch
 from dpt.data.crop_decode import RandomResizedCropDecode
 from dpt.data.folder_layout import Layout, scan_layout
 from dpt.data.images import (
-    BAD_IMAGE_POLICIES,
     BadImages,
     Decoder,
     DecodeThen,
     LabelledImageFiles,
+    check_bad_image_policy,
     val_transform,
 )
-from dpt.errors import ConfigError
 
 log = logging.getLogger("dpt")
 
@@ -69,11 +68,7 @@ class ImageFolderData:
         on_bad_image: str,
         seed: int,
     ) -> None:
-        if on_bad_image not in BAD_IMAGE_POLICIES:
-            raise ConfigError(
-                f"dataset.on_bad_image={on_bad_image}: must be one of "
-                f"{', '.join(BAD_IMAGE_POLICIES)}"
-            )
+        check_bad_image_policy(on_bad_image)
         layout = scan_layout(root, val_fraction, seed)
         self.root = layout.root
         self.classes: list[str] = layout.classes

@@ -17,7 +17,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from dpt.errors import DptError
+from dpt.errors import ConfigError, DptError
 
 log = logging.getLogger("dpt")
 
@@ -119,6 +119,14 @@ def _error(path: str | os.PathLike[str], reason: str) -> ImageDecodeError:
 
 # `on_bad_image` of the image data sets: what a file that cannot be decoded does.
 BAD_IMAGE_POLICIES = ("skip", "error")
+
+
+def check_bad_image_policy(policy: str) -> None:
+    """`dataset.on_bad_image` of dpt's image data sets: one ConfigError line naming the key."""
+    if policy not in BAD_IMAGE_POLICIES:
+        raise ConfigError(
+            f"dataset.on_bad_image={policy}: must be one of {', '.join(BAD_IMAGE_POLICIES)}"
+        )
 
 
 class UnreadableImageError(DptError, RuntimeError):

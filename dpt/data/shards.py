@@ -30,7 +30,7 @@ from torch.utils.data import Dataset
 from wids.wids import IndexedTarSamples
 
 from dpt.data.crop_decode import RandomResizedCropDecode
-from dpt.data.images import BAD_IMAGE_POLICIES, BadImages, Decoder, DecodeThen, val_transform
+from dpt.data.images import BadImages, Decoder, DecodeThen, check_bad_image_policy, val_transform
 from dpt.data.shard_cache import (
     FetchPolicy,
     ShardCache,
@@ -245,11 +245,7 @@ class ShardsData:
         timeout_s: float,
         seed: int,
     ) -> None:
-        if on_bad_image not in BAD_IMAGE_POLICIES:
-            raise ConfigError(
-                f"dataset.on_bad_image={on_bad_image}: must be one of "
-                f"{', '.join(BAD_IMAGE_POLICIES)}"
-            )
+        check_bad_image_policy(on_bad_image)
         policy = FetchPolicy(retries=retries, timeout_s=timeout_s)
         root = root if not is_local(root) else os.path.abspath(root.removeprefix("file://"))
         index = read_index(root, policy)
