@@ -28,8 +28,10 @@ the distributions of the crops and of the pixels do not. Without a reduction the
 `train_transform(S)`'s to float rounding. Grayscale and CMYK JPEGs come out RGB.
 
 What it buys depends on the crops: at 224 px from 640x480 images only about 1 crop in 10 is 448
-px on both sides, so the sample costs what the full-decode one does (benchmarks/pipeline.py);
-at 128 px, 3 in 4 are, and the sample runs about as fast as decoding the whole image alone. PIL's
+px on both sides, so the sample costs what the full-decode one does (0.63 of decoding alone,
+docs/performance.md section 3); at 128 px, 3 in 4 are, and the sample runs at about 0.75 of
+decoding alone, 10% faster than decoding whole. Entropy (Huffman) decoding, which no reduction
+skips, is most of a decode: the rest of the sample cannot fit in the 11% that 0.9 leaves. PIL's
 own `resize(box=...)` would crop and resample in one pass, but its portable C kernel is about 3x
 slower than torch's vectorized uint8 one (0.7 ms against 0.24 ms for a 300 px box to 224 px, one
 core): more than a reduced decode saves.
