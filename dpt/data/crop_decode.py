@@ -36,9 +36,8 @@ own `resize(box=...)` would crop and resample in one pass, but its portable C ke
 slower than torch's vectorized uint8 one (0.7 ms against 0.24 ms for a 300 px box to 224 px, one
 core): more than a reduced decode saves.
 
-`ResizeCenterCropDecode` is `val_transform(S)` the same way: the image decoded at the largest
-reduction that keeps it at least as large as the resized image, then torchvision's own `resize`
-and `center_crop`.
+Validation keeps `val_transform(S)` on the whole decoded image: what `dpt-predict` computes
+from a file, pixel for pixel.
 """
 
 from __future__ import annotations
