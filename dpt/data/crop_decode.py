@@ -55,6 +55,7 @@ from dpt.data.images import (
     _JPEG_SOI,
     IMAGENET_MEAN,
     IMAGENET_STD,
+    JPEG_TRUNCATED,
     _decode_jpeg,
     _error,
     _has_end_marker,
@@ -151,23 +152,20 @@ class _Encoded:
             self.reduction = round(width / reduced_width)
         return self.reduction
 
-    def pixels(self, box: Box | None) -> torch.Tensor:
-        """The `box` of the image decoded at the reduction (None: all of it) as uint8 (3, h, w)
-        RGB, a view of (h, w, 3) pixels: what torch's uint8 resampling is fastest on."""
+    def pixels(self, box: Box) -> torch.Tensor:
+        """The `box` of the image decoded at the reduction as uint8 (3, h, w) RGB, a view of
+        (h, w, 3) pixels: what torch's uint8 resampling is fastest on."""
         if self.img is None or (self.is_jpeg and self.reduction == 1):
             # A whole JPEG: read_image_rgb's own decoder (decode_jpeg, whose libjpeg-turbo gives
             # PIL's pixels about 15% sooner, PIL as its fallback), with its checks and messages.
             if self.whole is None:
                 self.whole = _decode_jpeg(self.buffer, self.source)
-            return self.whole if box is None else self.whole[:, box[1] : box[3], box[0] : box[2]]
+            return self.whole[:, box[1] : box[3], box[0] : box[2]]
         if self.is_jpeg and not _has_end_marker(self.buffer):
             # As read_image_rgb: PIL's own message would depend on ImageFile.LOAD_TRUNCATED_IMAGES,
             # and that setting would let a truncated file through.
-            raise _error(self.source, _TRUNCATED)
+            raise _error(self.source, JPEG_TRUNCATED)
         return _to_tensor(_load(self.img, self.source, box))
-
-
-_TRUNCATED = "JPEG is truncated (no end-of-image marker after the last scan)"
 
 
 class _Normalize:
@@ -203,13 +201,13 @@ def _round_half_up(value: float) -> int:
     return int(value + 0.5)  # round() goes to even on halves: biased towards even positions
 
 
-def _load(img: Image.Image, source: str, box: Box | None) -> Image.Image:
-    """The decoded image, or its `box`, in RGB; decoding errors as ImageDecodeError."""
+def _load(img: Image.Image, source: str, box: Box) -> Image.Image:
+    """The decoded image's `box`, in RGB; decoding errors as ImageDecodeError."""
     try:
         img.load()
     except Exception as e:  # PIL's decoders raise OSError, ValueError, SyntaxError, EOFError, ...
         raise _error(source, str(e) or type(e).__name__) from e
-    region = img if box is None else img.crop(box)
+    region = img.crop(box)
     # After the crop: grayscale, CMYK, palette or 16-bit pixels converted one by one, as
     # read_image_rgb's convert("RGB") of the whole image would, but only where they are kept.
     return region if region.mode == "RGB" else region.convert("RGB")

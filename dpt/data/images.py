@@ -28,6 +28,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 _JPEG_SOI = b"\xff\xd8\xff"  # start-of-image marker plus the first byte of the next marker
 _JPEG_SOS = b"\xff\xda"  # start of scan: entropy-coded data follows
 _JPEG_EOI = b"\xff\xd9"  # end of image
+# What read_image_rgb and the crop decoder (dpt/data/crop_decode.py) say of a JPEG cut short.
+JPEG_TRUNCATED = "JPEG is truncated (no end-of-image marker after the last scan)"
 # decode_jpeg's messages start with the C++ source location ("decode_jpeg, /.../x.cpp:171, ").
 _CPP_LOCATION = re.compile(r"^.*?\.cpp:\d+, ")
 
@@ -76,7 +78,7 @@ def _decode_jpeg(data: bytearray, path: str | os.PathLike[str]) -> torch.Tensor:
     # that warning into an error. It also keeps truncated files away from the PIL fallback, which
     # accepts them if someone set ImageFile.LOAD_TRUNCATED_IMAGES.
     if not _has_end_marker(data):
-        raise _error(path, "JPEG is truncated (no end-of-image marker after the last scan)")
+        raise _error(path, JPEG_TRUNCATED)
     try:
         # mode=RGB matters: UNCHANGED returns 1 channel for grayscale and raw (Adobe-inverted)
         # CMYK as 4 channels; RGB converts both, matching PIL's convert("RGB").

@@ -99,7 +99,8 @@ def join_url(root: str, name: str) -> str:
     return f"{root.rstrip('/')}/{name.lstrip('/')}"
 
 
-def _local_path(url: str) -> Path:
+def local_path(url: str) -> Path:
+    """The path of a local root or shard (`is_local`): a plain path, or a file:// URL's."""
     if url.startswith("file://"):
         return Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path))
     return Path(url)
@@ -144,7 +145,7 @@ def read_bytes(url: str, policy: FetchPolicy, what: str = "shard") -> bytes:
     """A small file (index.json, a descriptor), read in place or fetched with `policy`'s
     retries; ShardUnavailable ("<what> <url>: <why>") where it cannot be had."""
     if is_local(url):
-        path = _local_path(url)
+        path = local_path(url)
         try:
             return path.read_bytes()
         except OSError as error:
@@ -608,7 +609,7 @@ def _flock(path: Path) -> Iterator[None]:
 
 
 def _open_local(url: str, size: int) -> BinaryIO:
-    path = _local_path(url)
+    path = local_path(url)
     try:
         handle = open(path, "rb")  # noqa: SIM115  (returned open)
     except OSError as error:

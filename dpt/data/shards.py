@@ -37,6 +37,7 @@ from dpt.data.shard_cache import (
     ShardUnavailable,
     is_local,
     join_url,
+    local_path,
     read_bytes,
 )
 from dpt.data.shard_writer import DPT_KIND, INDEX, WIDS_KIND
@@ -147,7 +148,7 @@ class ShardedImages(Dataset):
         self._pid = -1
         self._cache: ShardCache | None = None
         self._open: OrderedDict[int, IndexedTarSamples] = OrderedDict()
-        self._unavailable: dict[int, str] = {}
+        self._unavailable: set[int] = set()  # shards this process could not have
 
     def __len__(self) -> int:
         return self.epoch_order.starts[-1]
@@ -198,7 +199,7 @@ class ShardedImages(Dataset):
         except ShardUnavailable as error:
             if self.bad_images.policy == "error":
                 raise
-            self._unavailable[shard] = str(error)
+            self._unavailable.add(shard)
             log.warning(f"skipping {error} (its {self.shards[shard].nsamples} samples)")
             return None
         self._open[shard] = samples
@@ -247,7 +248,7 @@ class ShardsData:
     ) -> None:
         check_bad_image_policy(on_bad_image)
         policy = FetchPolicy(retries=retries, timeout_s=timeout_s)
-        root = root if not is_local(root) else os.path.abspath(root.removeprefix("file://"))
+        root = os.path.abspath(local_path(root)) if is_local(root) else root
         index = read_index(root, policy)
         cache = _CacheFactory(cache_dir or default_cache_dir(), cache_limit_gb, policy)
         _check_cache_limit(index, cache_limit_gb)

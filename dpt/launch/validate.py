@@ -220,9 +220,11 @@ def _validate_dataset_choices(dataset: DictConfig) -> None:
 def _validate_shards_root(root: str) -> None:
     """A local root must hold dpt-shards' index; a URL is only read by the ranks (one line
     there if it cannot be had: dpt.data.shards.read_index)."""
-    if "://" in root and not root.startswith("file://"):
+    from dpt.data.shard_cache import is_local, local_path  # stdlib only: no torch here
+
+    if not is_local(root):
         return
-    folder = Path(root.removeprefix("file://"))
+    folder = local_path(root)
     _check(folder.is_dir(), "dataset.root", root, "folder not found")
     _check((folder / "index.json").is_file(), "dataset.root", root,
            "no index.json here: write shards with dpt-shards --out <folder>")  # fmt: skip
