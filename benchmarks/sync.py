@@ -257,7 +257,7 @@ class LoopCalls:
         self.metrics.set_lr(1e-3)
 
     def agree(self) -> list[list[float]]:
-        losses = self.metrics.read_back()
+        losses, _ = self.metrics.read_back()
         return self.agreement.agree(self.stop, self.step, losses, self.metrics.payload()).rows
 
     def agreed(self, rows: list[list[float]]) -> None:

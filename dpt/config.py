@@ -44,6 +44,10 @@ class TrainerConfig:
     grad_accum_steps: int = 1
     grad_clip_norm: float | None = None
     compile: bool = False
+    # What a NaN or infinite loss (or gradient norm) does: error (stop at once, naming the step,
+    # the rank and the first module whose output is not finite), skip (that step's update is not
+    # applied; ranks then agree every step), rollback (as monitor.loss_spike's). The same value as
+    # monitor.nonfinite.action, whose default it is.
     on_nonfinite: str = "error"
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
@@ -63,6 +67,63 @@ class CheckpointConfig:
     # Refuse to resume a checkpoint written under another seed, data, model or optimizer kind
     # (dpt/state/resume_config.py); false: say so, and resume anyway.
     strict: bool = True
+
+
+@dataclass
+class SpikeConfig:
+    """A spike detector (dpt/monitor/detectors.py): a value more than `threshold` robust units
+    above the median of the last `window` values it accepted."""
+
+    # warn: one line and an event; skip: the step's update is not applied (ranks then agree every
+    # step, as the update waits for the verdict); rollback: back to the newest checkpoint before
+    # the step, past the data since it (at most monitor.max_rollbacks times); stop: checkpoint and
+    # end with exit code 1; off: not watched.
+    action: str = "warn"
+    # Robust units: 1.4826 x the median absolute deviation (a normal noise's standard deviation),
+    # at least 1 % of the level. 10 passes no clean run of dpt's own tests and benchmarks.
+    threshold: float = 10.0
+    window: int = 100  # the values the running median and deviation are taken over
+    warmup: int = 20  # values accepted before the first judgement
+
+
+@dataclass
+class NonFiniteConfig:
+    # error, skip or rollback (see trainer.on_nonfinite, its default).
+    action: str = "${trainer.on_nonfinite}"
+
+
+@dataclass
+class SlowdownConfig:
+    """The world's time per step (the slowest rank's data wait and compute, checkpoints and
+    validation left out) and the straggler ratio (slowest rank's compute / the median rank's),
+    each judged per logging window against its running median."""
+
+    action: str = "warn"  # warn, stop or off (a slow machine is not the data's fault: no rollback)
+    threshold: float = 3.0  # times the running median
+    # Seconds of training one judged value spans (the logging windows in it together): a moment
+    # of stall (another process, a collection) is not a slowdown.
+    span_s: float = 10.0
+    window: int = 30  # spans the running median is taken over
+    warmup: int = 3  # spans accepted before the first judgement
+    patience: int = 3  # spans in a row over the threshold before it is an event
+
+
+@dataclass
+class MonitorConfig:
+    """Training that watches itself (dpt/monitor): detectors judged at the ranks' agreement (no
+    collective of their own), reactions every rank takes at the same step, events in
+    <run>/events.jsonl, on the console and in TensorBoard."""
+
+    loss_spike: SpikeConfig = field(default_factory=SpikeConfig)  # the world-mean loss of a step
+    # The global gradient norm before clipping: computed anyway under trainer.grad_clip_norm;
+    # otherwise computed for this detector only when its action is skip, rollback or stop.
+    grad_spike: SpikeConfig = field(default_factory=SpikeConfig)
+    nonfinite: NonFiniteConfig = field(default_factory=NonFiniteConfig)
+    slowdown: SlowdownConfig = field(default_factory=SlowdownConfig)
+    max_rollbacks: int = 3  # rollbacks in one run; one more event that asks for one stops it
+    # Every N steps: each module's gradient norm and update/weight ratio to TensorBoard
+    # (grads/<module>/...); null: off.
+    grad_diagnostics_every: int | None = None
 
 
 @dataclass
@@ -106,6 +167,8 @@ class SyntheticConfig:
     input_dim: int = MISSING
     num_classes: int = MISSING
     num_workers: int = MISSING
+    # false: every epoch in index order (dpt applies it: the target never sees it)
+    shuffle: bool = MISSING
 
 
 @dataclass
@@ -118,6 +181,8 @@ class CocoConfig:
     image_size: int = MISSING
     # `${dpt.cores:4}` in the YAML: 4, or fewer on a machine with fewer cores (see `cores_at_most`)
     num_workers: int = MISSING
+    # false: every epoch in index order (dpt applies it: the target never sees it)
+    shuffle: bool = MISSING
     on_bad_image: str = MISSING
     train_ann_file: str | None = MISSING
     train_image_dir: str | None = MISSING
@@ -132,6 +197,8 @@ class ImageFolderConfig:
     val_fraction: float = MISSING  # without <root>/val: this share of train, seeded; 0 = none
     image_size: int = MISSING
     num_workers: int = MISSING
+    # false: every epoch in index order (dpt applies it: the target never sees it)
+    shuffle: bool = MISSING
     on_bad_image: str = MISSING
 
 
@@ -143,6 +210,8 @@ class ShardsConfig:
     )
     image_size: int = MISSING
     num_workers: int = MISSING
+    # false: every epoch in index order (dpt applies it: the target never sees it)
+    shuffle: bool = MISSING
     on_bad_image: str = MISSING
     shuffle_window: int = MISSING  # samples shuffled together, after the shards' seeded order
     cache_dir: str | None = MISSING  # null: $XDG_CACHE_HOME/dpt/shards (~/.cache/dpt/shards)
@@ -159,6 +228,8 @@ class FakeImagesConfig:
     image_size: int = MISSING
     num_classes: int = MISSING
     num_workers: int = MISSING
+    # false: every epoch in index order (dpt applies it: the target never sees it)
+    shuffle: bool = MISSING
 
 
 # `distributed`: one process per device, started by the launcher. A class variable, not a config
@@ -291,6 +362,7 @@ class Config:
     scheduler: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
 
 SCHEMAS: dict[str, dict[str, type]] = {
@@ -394,5 +466,10 @@ REDUCE_DTYPES = ("fp32", "bf16")
 # What validation reports (dpt/loop/evaluate.py); `val/acc5` needs 5 classes or more. `val/samples`
 # is reported too, but it counts samples: not a metric to stop on.
 VAL_METRICS = ("val/loss", "val/acc1", "val/acc5")
+# What each detector may do (dpt/monitor). A non-finite update cannot be applied and go on (warn),
+# nor be checkpointed (stop); a slowdown is no reason to undo or skip updates.
+SPIKE_ACTIONS = ("warn", "skip", "rollback", "stop", "off")
+NONFINITE_ACTIONS = ("error", "skip", "rollback")
+SLOWDOWN_ACTIONS = ("warn", "stop", "off")
 # numpy's legacy seeding (np.random.seed in every worker) takes 0 .. 2**32 - 1.
 MAX_SEED = 2**32 - 1

@@ -15,7 +15,6 @@ import torch
 from hydra.utils import instantiate
 from PIL import Image
 
-from dpt.config import build
 from dpt.data.folder_layout import IMAGE_EXTENSIONS, Layout, check_layout, scan_layout
 from dpt.data.image_folder import ImageFolderData
 from dpt.data.images import UnreadableImageError, read_image_rgb
@@ -24,6 +23,7 @@ from dpt.data.position import DataPosition
 from dpt.data.seeded import SeededSamples
 from dpt.distributed import DistEnv
 from dpt.errors import ConfigError
+from dpt.loop.parts import build_data
 from tests.helpers import compose
 
 CPU1 = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
@@ -363,8 +363,8 @@ def test_augmentation_is_the_same_whatever_the_worker_count(split_root: Path) ->
 
 def test_the_composed_config_builds_the_module(split_root: Path) -> None:
     cfg = compose("dataset=image_folder", f"dataset.root={split_root}", "model=resnet18")
-    data = build(cfg.dataset, seed=0)
-    assert isinstance(data, ImageFolderData)
+    data, shuffle = build_data(cfg.dataset, seed=0)
+    assert isinstance(data, ImageFolderData) and shuffle
     assert data.classes == ["a", "b", "c", "d"]
     assert data.input_shape == (3, cfg.dataset.image_size, cfg.dataset.image_size)
     # The default val_fraction 0.1: one of a's 10, one each of c's 2 and d's 3, none of b's 1.

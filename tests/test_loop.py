@@ -43,15 +43,15 @@ def test_agreement_names_the_first_non_finite_step_and_raises() -> None:
     assert raised.value.rows == [[4.0, 5.0]]  # the windows it carried can still be written
 
 
-def test_agreement_skips_the_update_and_starts_over(caplog: pytest.LogCaptureFixture) -> None:
+def test_agreement_skips_the_update_and_starts_over() -> None:
     agreement = Agreement(CPU1, last_step=100, on_nonfinite="skip")
     assert agreement.every_step
-    with caplog.at_level(logging.WARNING, logger="dpt"):
-        verdict = agreement.agree(StopRequest(), 7, [float("nan")], [1.5, 2.0])
+    verdict = agreement.agree(StopRequest(), 7, [float("nan")], [1.5, 2.0])
     assert not verdict.apply_update and not verdict.stop
+    assert verdict.nonfinite == (7, 0)  # the step and the rank, for the monitor's event
     assert verdict.rows == [[1.5, 2.0]]  # every rank's payload comes back
-    assert "skipping the update of step 7 on rank 0: non-finite loss" in caplog.text
-    assert agreement.agree(StopRequest(), 8, [0.5], []).apply_update  # only step 8's loss counts
+    verdict = agreement.agree(StopRequest(), 8, [0.5], [])  # only step 8's loss counts
+    assert verdict.apply_update and verdict.nonfinite is None
 
 
 def test_agreement_stops_on_a_signal() -> None:
@@ -131,8 +131,8 @@ def test_metrics_read_back_once_and_write_once_per_window(tmp_path: Path) -> Non
                        grad_norm=torch.tensor(2.0))  # fmt: skip
     metrics.end_window(step=2, epoch=0)
     metrics.set_lr(0.1)
-    assert metrics.read_back() == [1.0, 3.0]  # every step's loss, in order
-    assert metrics.read_back() == []  # nothing new since
+    assert metrics.read_back() == ([1.0, 3.0], [2.0, 2.0])  # every step's loss, in order
+    assert metrics.read_back() == ([], [])  # nothing new since
     payload = metrics.payload()
     assert dict(zip(SINCE, payload, strict=False)) == {"samples_since": 16, "bad_since": 2}
     window = _window(payload)
@@ -159,7 +159,7 @@ def test_one_agreement_writes_every_window_it_carries(
             metrics.record(torch.tensor(loss), 8, 0, 0.0, 0.0, None)
         metrics.end_window(step, epoch=0)
         metrics.set_lr(0.1 * step)
-    assert metrics.read_back() == [1.0, 3.0, 5.0]  # one read-back for both windows
+    assert metrics.read_back() == ([1.0, 3.0, 5.0], [])  # one read-back for both windows
     payload = metrics.payload()
     assert [_window(payload, i)["loss"] for i in (0, 1)] == [1.0, 8.0]
     with caplog.at_level(logging.INFO, logger="dpt"):
@@ -225,10 +225,10 @@ def test_a_window_not_logged_keeps_accumulating(tmp_path: Path) -> None:
     """A checkpoint-only agreement counts samples but leaves the logging window open."""
     metrics = MetricsLogger(tmp_path, CPU1, total_steps=20)
     metrics.record(torch.tensor(1.0), 8, 0, 0.0, 0.0, None)
-    assert metrics.read_back() == [1.0]
+    assert metrics.read_back() == ([1.0], [])
     metrics.agreed([metrics.payload()])
     metrics.record(torch.tensor(3.0, dtype=torch.bfloat16), 8, 0, 0.0, 0.0, None)
-    assert metrics.read_back() == [3.0]  # only the new step's; a bf16 loss too
+    assert metrics.read_back() == ([3.0], [])  # only the new step's; a bf16 loss too
     assert metrics.world_samples == 8
     metrics.end_window(step=2, epoch=0)
     window = _window(metrics.payload())

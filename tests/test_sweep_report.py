@@ -24,7 +24,7 @@ def test_summary_columns_name_their_clock_and_leave_out_the_sample_count(tmp_pat
     assert list(first) == [
         "job", "status", "overrides", "final_loss", "best_val/loss", "best_val/acc1",
         "best_val/acc5", "loop_samples_per_s", "loop_time_s", "job_wall_s", "world_size",
-        "steps", "error", "job_dir",
+        "steps", "events", "error", "job_dir",
     ]  # fmt: skip
     assert float(first["loop_time_s"]) == 4.0 and float(first["job_wall_s"]) == 9.5
     assert (tmp_path / "summary.png").stat().st_size > 1000

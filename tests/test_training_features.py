@@ -209,7 +209,11 @@ def test_non_finite_loss_can_be_skipped(tmp_path: Path) -> None:
         "trainer.max_steps=6",
         "trainer.on_nonfinite=skip",
     )
-    assert "skipping the update of step 2 on rank 0: non-finite loss" in result.stdout
+    # The step's forward replayed on its batch: the second Linear's output is the first infinite.
+    assert (
+        "monitor: nonfinite at step 2: nan on rank 0, first non-finite output: 2 (Linear); "
+        "update skipped, 64 samples skipped"
+    ) in result.stdout
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 6
 
 

@@ -99,13 +99,16 @@ def rank_share(
 EpochOrder = Callable[[int, int], Sequence[int]]
 
 
-def order_of(dataset: object) -> EpochOrder:
+def order_of(dataset: object, shuffle: bool = True) -> EpochOrder:
     """The training set's `epoch_order(seed, epoch)` where it has one (shards: shuffled with
-    locality, see dpt.data.shards.ShardOrder), else one shuffle of all its samples."""
+    locality, see dpt.data.shards.ShardOrder), else one shuffle of all its samples; without
+    shuffling (`dataset.shuffle=false`), the samples in index order, every epoch."""
+    size = len(dataset)  # type: ignore[arg-type]
+    if not shuffle:
+        return lambda seed, epoch: range(size)
     own = getattr(dataset, "epoch_order", None)
     if own is not None:
         return own
-    size = len(dataset)  # type: ignore[arg-type]
     return lambda seed, epoch: epoch_order(size, seed, epoch)
 
 
@@ -175,6 +178,18 @@ class Loaders:
             yield group, time.perf_counter() - fetch_start
             group, fetch_start = [], time.perf_counter()
 
+    def step_batches(self, epoch: int, sample: int, accum: int, rank: int) -> list[Batch]:
+        """Rank `rank`'s micro-batches of the step whose global batch starts at `sample` of
+        `epoch`'s order, fetched here, in this process, as its loader fetched them (the same
+        samples and augmentation): what a replay of that step's forward needs."""
+        sampler = self.train_sampler
+        order = sampler.order(sampler.seed, epoch)
+        indices = rank_share(order, sample, 1, self.global_batch(accum), rank, self.world_size)
+        dataset, collate = self.train.dataset, self.train.collate_fn
+        size = self.batch_size
+        return [collate(dataset.__getitems__([(epoch, i) for i in indices[k : k + size]]))
+                for k in range(0, len(indices), size)]  # fmt: skip
+
 
 class ToDevice:
     """Moves a batch's inputs to the rank's device: pinned batches copy while the GPU computes
@@ -197,12 +212,13 @@ def build_loaders(
     batch_size: int,
     seed: int,
     worker_init_fn: Callable[[int], None] | None = None,
+    shuffle: bool = True,
 ) -> Loaders:
     """Shard the epoch's global order even in one process, so `single` with batch B*N sees
     exactly the batches that N ddp ranks with batch B see together (same order, same seed)."""
     train_set = SeededSamples(data.train, seed)
     sampler = GlobalOrderSampler(
-        len(train_set), seed, env.rank, env.world_size, order_of(data.train)
+        len(train_set), seed, env.rank, env.world_size, order_of(data.train, shuffle)
     )
     sampler.start(0, 0, batch_size * env.world_size)  # the loader alone gives epoch 0 (benchmarks)
     common = _loader_options(data, env, seed, worker_init_fn)

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpt.config import VAL_METRICS
 from dpt.errors import Abort, DptError, one_line
+from dpt.monitor.events import read_events
 from dpt.observe.dashboard import write_sweep_experiment
 
 STATUS_FILE = "job_status.json"
@@ -161,6 +162,7 @@ def collect(sweep_dir: Path, final: bool) -> list[dict[str, Any]]:
         if record is None:
             continue
         record["job_dir"] = str(path.parent.relative_to(sweep_dir))
+        record["events"] = len(read_events(path.parent))  # the monitor's, failed jobs' too
         if final and record["status"] == "RUNNING":
             record.update(status="CRASHED", error="ended without a status (process killed?)")
         records.append(record)
@@ -194,6 +196,7 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             job_wall_s=_wall_time(r),
             world_size=result.get("world_size"),
             steps=result.get("steps"),
+            events=r.get("events", 0),
             error=r.get("error"),
             job_dir=r["job_dir"],
         )
@@ -250,7 +253,7 @@ def format_table(table: list[dict[str, Any]]) -> str:
     """A plain-text table: one line per job, and its error on the next line if it failed."""
     best = _best_column(table)
     head = ["job", "status", "final loss", f"best {best[5:]}" if best else "best val"]
-    head += ["loop samples/s", "job wall s", "overrides"]
+    head += ["loop samples/s", "job wall s", "events", "overrides"]
     lines = []
     for row, overrides in zip(table, swept(table), strict=True):
         cells = [
@@ -260,6 +263,7 @@ def format_table(table: list[dict[str, Any]]) -> str:
             _fmt(row.get(best) if best else None, ".4f"),
             _fmt(row["loop_samples_per_s"], ",.0f"),
             _fmt(row["job_wall_s"], ".1f"),
+            str(row["events"]),
             overrides,
         ]
         lines.append((cells, row["error"]))

@@ -17,10 +17,13 @@ from dpt.config import (
     COMM_HOOK_NAMES,
     DEVICES,
     MAX_SEED,
+    NONFINITE_ACTIONS,
     PRECISIONS,
     REDUCE_DTYPES,
     RESNET_ARCHS,
     SCHEMAS,
+    SLOWDOWN_ACTIONS,
+    SPIKE_ACTIONS,
     VAL_METRICS,
     FSDPConfig,
     ImageFolderConfig,
@@ -59,6 +62,7 @@ def validate(cfg: DictConfig) -> None:
     _check_known_keys(cfg)
     _validate_trainer(cfg.trainer)
     _validate_checkpoint(cfg.checkpoint)
+    _validate_monitor(cfg.monitor, cfg.checkpoint)
     _validate_group(cfg.scheduler, "scheduler", SCHEDULER_MINIMUMS)
     _validate_group(cfg.dataset, "dataset", DATASET_MINIMUMS)
     _validate_dataset_choices(cfg.dataset)
@@ -138,7 +142,7 @@ def _validate_trainer(t: DictConfig) -> None:
     _check(t.grad_accum_steps >= 1, "trainer.grad_accum_steps", t.grad_accum_steps, "must be >= 1")
     _check(t.grad_clip_norm is None or t.grad_clip_norm > 0, "trainer.grad_clip_norm",
            t.grad_clip_norm, "must be > 0 or null (no clipping)")  # fmt: skip
-    _check_choice("trainer.on_nonfinite", t.on_nonfinite, ("error", "skip"))
+    _check_choice("trainer.on_nonfinite", t.on_nonfinite, NONFINITE_ACTIONS)
     es = t.early_stopping
     _check_choice("trainer.early_stopping.mode", es.mode, ("min", "max"))
     _check(es.patience is None or es.patience >= 1, "trainer.early_stopping.patience",
@@ -192,6 +196,24 @@ def _validate_checkpoint(ck: DictConfig) -> None:
     _check(ck.every_n_steps is None or ck.every_n_steps >= 1, "checkpoint.every_n_steps",
            ck.every_n_steps, "must be >= 1 or null (only at epoch ends)")  # fmt: skip
     _check(ck.keep >= 1, "checkpoint.keep", ck.keep, "must be >= 1")
+
+
+def _validate_monitor(monitor: DictConfig, checkpoint: DictConfig) -> None:
+    detectors = {"loss_spike": SPIKE_ACTIONS, "grad_spike": SPIKE_ACTIONS,
+                 "nonfinite": NONFINITE_ACTIONS, "slowdown": SLOWDOWN_ACTIONS}  # fmt: skip
+    for name, allowed in detectors.items():
+        node = monitor[name]
+        _check_choice(f"monitor.{name}.action", node.action, allowed)
+        if "window" not in node:
+            continue
+        _validate_group(node, f"monitor.{name}", {"threshold": 0.0, "window": 1, "warmup": 1,
+                                                 "patience": 1, "span_s": 0.0})  # fmt: skip
+        _check(node.warmup <= node.window, f"monitor.{name}.warmup", node.warmup,
+               f"must be <= monitor.{name}.window ({node.window})")  # fmt: skip
+        if node.action == "rollback":
+            _check(checkpoint.enabled, f"monitor.{name}.action", node.action,
+                   "needs checkpoints to return to (checkpoint.enabled=true)")  # fmt: skip
+    _validate_group(monitor, "monitor", {"max_rollbacks": 0, "grad_diagnostics_every": 1})
 
 
 def _validate_dataset_choices(dataset: DictConfig) -> None:
@@ -261,16 +283,26 @@ def _check_required(cfg: DictConfig) -> None:
 
 def _check_known_keys(cfg: DictConfig) -> None:
     """`+trainer.typo=1` slips past the schema (`+` may add keys); an unused key is still a typo."""
-    groups = ("trainer", "checkpoint", *SCHEMAS)
-    for path, node in [("", cfg), *((f"{name}.", cfg[name]) for name in groups)]:
-        schema = OmegaConf.get_type(node)
-        if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
-            continue
-        allowed = [f.name for f in dataclasses.fields(schema)]
-        for key in node:
-            if key not in allowed and key != "hydra":
-                names = ", ".join(a for a in allowed if not a.startswith("_"))
-                raise ConfigError(f"{path}{key}: unknown key; allowed keys: {names}")
+    groups = ("trainer", "checkpoint", "monitor", *SCHEMAS)
+    for name in groups:
+        _check_node_keys(f"{name}.", cfg[name])
+    _check_node_keys("", cfg, nested=False)
+
+
+def _check_node_keys(path: str, node: Any, nested: bool = True) -> None:
+    """The keys of a schema-typed node, and of its typed sub-nodes (monitor.loss_spike.typo)."""
+    if not isinstance(node, DictConfig):
+        return
+    schema = OmegaConf.get_type(node)
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+        return
+    allowed = [f.name for f in dataclasses.fields(schema)]
+    for key in node:
+        if key not in allowed and key != "hydra":
+            names = ", ".join(a for a in allowed if not a.startswith("_"))
+            raise ConfigError(f"{path}{key}: unknown key; allowed keys: {names}")
+        if nested:
+            _check_node_keys(f"{path}{key}.", node._get_node(key))
 
 
 def _validate_group(node: DictConfig, group: str, minimums: dict[str, float]) -> None:

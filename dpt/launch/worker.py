@@ -184,14 +184,12 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
 def _resume(trainer: Trainer, parts: Parts) -> dict[str, Any] | None:
     """Load the checkpoint `checkpoint.resume` picks, with the config's changed settings in
     effect; a finished run's summary when there is nothing left to train."""
-    configured = resume_apply.Settings.of(parts.optimizer, parts.scheduler)  # before the load
     resumed = trainer.resume()
     if resumed is None:
         return None
     log.info(f"resumed from {resumed.path} at step {resumed.step}")
-    resume_apply.apply(configured, parts.optimizer, parts.scheduler, resumed.changes)
-    resume_apply.continue_data(trainer)  # another global batch: from the same sample
-    resume_apply.rederive_rng(trainer)  # another world size: the RNG streams
+    resume_apply.after_load(trainer, resumed.changes)
+    resume_apply.replan(trainer)  # batches a rollback skipped before the checkpoint: fewer steps
     return _finished(
         parts.run_dir, resumed, parts.total_steps, parts.env, length_key(parts.settings)
     )

@@ -2,5 +2,5 @@
 (`parts`): strategy, precision, schedules, validation, early stopping, the agreement between
 ranks, stop signals, and the rules a resumed run applies to them.
 
-May import: dpt.state, dpt.data, dpt.models, dpt.observe, base.
+May import: dpt.monitor, dpt.state, dpt.data, dpt.models, dpt.observe, base.
 """

@@ -39,9 +39,12 @@ MAX_WINDOWS = 100
 
 class NonFiniteLoss(DptError):
     """The loss became NaN or infinite (trainer.on_nonfinite=error). `rows`: every rank's
-    payload of that agreement, so that the windows it carried can still be written."""
+    payload of that agreement, so that the windows it carried can still be written; `step` and
+    `rank`: where it was first."""
 
     rows: list[list[float]] = []
+    step: int = 0
+    rank: int = 0
 
 
 @dataclass
@@ -51,6 +54,7 @@ class Verdict:
     apply_update: bool
     stop: bool
     rows: list[list[float]]  # rows[rank] = that rank's payload, as it sent it
+    nonfinite: tuple[int, int] | None = None  # (step, rank) of the first non-finite loss
 
 
 class Agreement:
@@ -61,16 +65,17 @@ class Agreement:
         on_nonfinite: str,
         log_every: int = 1,
         spacing_s: float | None = None,  # None: SPACING_S
+        every_step: bool = False,  # an update waits for its verdict (the monitor's `skip`)
     ) -> None:
         self.env, self.last_step, self.on_nonfinite = env, last_step, on_nonfinite
-        self.log_every = log_every
+        self.log_every, self._every_step = log_every, every_step
         self.spacing_s = SPACING_S if spacing_s is None else spacing_s
         self.next_step = log_every  # the first log step
         self._agreed_step, self._agreed_at = 0, time.perf_counter()
 
     @property
     def every_step(self) -> bool:
-        return self.on_nonfinite == "skip"
+        return self.on_nonfinite == "skip" or self._every_step
 
     def due(self, step: int) -> bool:
         """Whether the loop's cadence calls for an agreement at `step`: every step under
@@ -101,10 +106,11 @@ class Agreement:
         bad_code = max(row[0] for row in rows)
         if bad_code:
             try:
-                verdict.apply_update = self._bad_step(int(bad_code), first_loss)
+                verdict.nonfinite = self._bad_step(int(bad_code), first_loss)
             except NonFiniteLoss as error:
                 error.rows = verdict.rows
                 raise
+            verdict.apply_update = False  # skip: this step's; rollback: undone anyway
         return verdict
 
     def _plan(self, step: int, slowest_s: float) -> None:
@@ -123,17 +129,19 @@ class Agreement:
         world = self.env.world_size
         return (self.last_step + 1 - first_step) * world + world - 1 - self.env.rank
 
-    def _bad_step(self, code: int, my_loss: float) -> bool:
+    def _bad_step(self, code: int, my_loss: float) -> tuple[int, int]:
+        """(step, rank) of the first non-finite loss; raises it under on_nonfinite=error (the
+        monitor says what the other actions do)."""
         world = self.env.world_size
         step, rank = self.last_step + 1 - code // world, world - 1 - code % world
-        where = f"step {step} on rank {rank}"
         if self.on_nonfinite == "error":
-            raise NonFiniteLoss(
-                f"non-finite loss ({my_loss if rank == self.env.rank else 'nan/inf'}) at "
-                f"{where}; set trainer.on_nonfinite=skip to skip such steps"
+            error = NonFiniteLoss(
+                f"non-finite loss ({my_loss if rank == self.env.rank else 'nan/inf'}) at step "
+                f"{step} on rank {rank}; set trainer.on_nonfinite=skip to skip such steps"
             )
-        log.warning(f"skipping the update of {where}: non-finite loss")
-        return False
+            error.step, error.rank = step, rank
+            raise error
+        return step, rank
 
 
 def _first_nonfinite(losses: list[float], first_step: int) -> tuple[int, float]:

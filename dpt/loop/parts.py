@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from dpt.config import CheckpointConfig, TrainerConfig, build
+from dpt.config import CheckpointConfig, MonitorConfig, TrainerConfig, build, build_as
 from dpt.contract import DataModule, class_names, val_transform_node
 from dpt.data.batch_memory import check_batch_fits
 from dpt.data.loaders import Loaders, ToDevice, build_loaders
@@ -25,6 +25,8 @@ from dpt.loop.evaluate import Validation
 from dpt.loop.precision import Precision
 from dpt.loop.strategy import Strategy
 from dpt.models import build_model
+from dpt.monitor.grad_diagnostics import GradDiagnostics
+from dpt.monitor.monitor import Monitor
 from dpt.observe.logs import setup_logging
 from dpt.observe.memory import MemoryUse
 from dpt.observe.metrics import MetricsLogger
@@ -42,17 +44,20 @@ class RunConfig:
 
     trainer: TrainerConfig
     checkpoint: CheckpointConfig
+    monitor: MonitorConfig
     groups: DictConfig  # model, dataset, strategy, optimizer, scheduler: `_target_` nodes
     yaml: str  # the whole resolved config, stored in checkpoints
 
     @classmethod
     def of(cls, cfg: DictConfig) -> RunConfig:
         return cls(_typed(TrainerConfig, cfg.trainer), _typed(CheckpointConfig, cfg.checkpoint),
-                   cfg, OmegaConf.to_yaml(cfg))  # fmt: skip
+                   _typed(MonitorConfig, cfg.monitor), cfg, OmegaConf.to_yaml(cfg))  # fmt: skip
 
 
 def _typed(schema: type[T], node: DictConfig) -> T:
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))  # type: ignore[return-value]
+    # Resolved in place first: an interpolation (monitor.nonfinite.action) reads the whole config.
+    values = OmegaConf.to_container(node, resolve=True)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))  # type: ignore[return-value]
 
 
 @dataclass
@@ -70,6 +75,8 @@ class Parts:
     to_device: ToDevice
     metrics: MetricsLogger
     agreement: Agreement
+    monitor: Monitor
+    diagnostics: GradDiagnostics
     validation: Validation
     early_stopping: EarlyStopping
     best_model: BestModel
@@ -86,11 +93,11 @@ class Parts:
 def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> Parts:
     t, groups = cfg.trainer, cfg.groups
     seed_everything(t.seed)
-    data = build(groups.dataset, seed=t.seed)
+    data, shuffle = build_data(groups.dataset, t.seed)
     check_batch_fits(data.input_shape, t.batch_size, groups.dataset)  # before anything allocates
     strategy: Strategy = build(groups.strategy)
     worker_init = functools.partial(_init_loader_worker, env.rank, log_file)
-    loaders = build_loaders(data, env, t.batch_size, t.seed, worker_init)
+    loaders = build_loaders(data, env, t.batch_size, t.seed, worker_init, shuffle)
     torch.manual_seed(t.seed)  # identical initial weights on every rank, every strategy
     model = build_model(groups.model, data.input_shape, data.num_classes).to(env.device)
     model = strategy.wrap(model, env, t.precision)
@@ -101,12 +108,17 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
     scheduler = build(groups.scheduler)(optimizer, total_steps=total_steps)
     precision = Precision(t.precision, env.device)
     to_device = ToDevice(env.device, bool(groups.model.get("channels_last", False)))
+    monitor = Monitor(cfg.monitor, run_dir, env.is_main, clipping=t.grad_clip_norm is not None,
+                      sharded_norm=strategy.shards_gradients and env.distributed)  # fmt: skip
     return Parts(
         settings=t, checkpoint=cfg.checkpoint, env=env, run_dir=run_dir, strategy=strategy,
         loaders=loaders, model=model, optimizer=optimizer, scheduler=scheduler,
         precision=precision, to_device=to_device,
         metrics=MetricsLogger(run_dir, env, total_steps, MemoryUse(model, optimizer).scalars),
-        agreement=Agreement(env, total_steps, t.on_nonfinite, t.log_every_n_steps),
+        agreement=Agreement(env, total_steps, cfg.monitor.nonfinite.action, t.log_every_n_steps,
+                            every_step=monitor.every_step),
+        monitor=monitor,
+        diagnostics=GradDiagnostics(model, cfg.monitor.grad_diagnostics_every),
         validation=Validation(loaders.val, env, data.num_classes, precision.autocast, to_device,
                               _lockstep_shape(strategy, env, data.input_shape)),
         early_stopping=EarlyStopping(t.early_stopping, verbose=env.is_main),
@@ -117,6 +129,18 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
         global_batch=loaders.global_batch(t.grad_accum_steps),
         checkpoints=Checkpoints(run_dir, env, cfg.checkpoint.keep, cfg.yaml),
     )  # fmt: skip
+
+
+# A key of every data set's config that dpt applies itself (the loaders' order), not the target.
+SHUFFLE_KEY = "shuffle"
+
+
+def build_data(node: DictConfig, seed: int) -> tuple[DataModule, bool]:
+    """The data set as dpt.contract says (its target gets its keys and `seed`, not `shuffle`),
+    and whether its training order is shuffled (`dataset.shuffle`, true where not given)."""
+    shuffle = bool(node.get(SHUFFLE_KEY, True))
+    keys = [key for key in node if key != SHUFFLE_KEY]
+    return build_as(OmegaConf.masked_copy(node, keys), "dataset", seed=seed), shuffle
 
 
 def run_data(data: DataModule) -> RunData:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpt.distributed import is_dtensor
+from dpt.distributed import is_dtensor, local_part
 from dpt.errors import DptError
 
 
@@ -24,6 +24,7 @@ class Precision:
         self.dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
         self.scaler = torch.amp.GradScaler("cuda") if precision == "16-mixed" else None
+        self._unscaled = False  # the scaler's unscale_ ran this step (once a step, at most)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.dtype is None:
@@ -39,9 +40,22 @@ class Precision:
         """Global gradient norm before clipping (None when not clipping: computing it costs)."""
         if max_norm is None:
             return None
-        if self.scaler:
-            self.scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        self.unscale(optimizer)  # clip the true gradients, not the scaled ones
         return clip_by_global_norm(list(model.parameters()), max_norm)
+
+    def norm(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        """The gradients' norm, without clipping and without a collective: under fsdp this
+        rank's shards' alone (the monitor sums the ranks' squares at its agreement)."""
+        self.unscale(optimizer)  # the true gradients' norm
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        return local_part(nn.utils.get_total_norm(grads))
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """16-mixed: the gradients divided by the loss scale, once a step (the scaler's step
+        knows they are)."""
+        if self.scaler and not self._unscaled:
+            self.scaler.unscale_(optimizer)
+            self._unscaled = True
 
     def state_dict(self) -> dict[str, Any]:
         """The fp16 loss scale and its growth tracker ({} when there is no scaler)."""
@@ -55,8 +69,16 @@ class Precision:
         if self.scaler:
             self.scaler.step(optimizer)  # skips the step if the scaled gradients overflowed
             self.scaler.update()
+            self._unscaled = False
         else:
             optimizer.step()
+
+    def skip_step(self) -> None:
+        """The update is withheld (the monitor's skip): a scaler that unscaled this step's
+        gradients closes the step with its inf check, or the next unscale_ would refuse."""
+        if self.scaler and self._unscaled:
+            self.scaler.update()
+        self._unscaled = False
 
 
 def clip_by_global_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:

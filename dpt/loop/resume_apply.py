@@ -24,7 +24,7 @@ from dpt.seeding import derived_seed, seed_everything
 from dpt.state.resume_config import Change
 
 if TYPE_CHECKING:
-    from dpt.loop.trainer import Trainer
+    from dpt.loop.loop_state import LoopState
 
 log = logging.getLogger("dpt")
 
@@ -88,7 +88,15 @@ def current_lrs(settings: Settings, scheduler: Any) -> list[float]:
     return [group["lr"] for group in settings.groups]  # a constant lr: the configured one
 
 
-def continue_data(trainer: Trainer) -> None:
+def after_load(trainer: LoopState, changes: Iterable[Change]) -> None:
+    """What a loaded checkpoint needs to continue under this run's config (a resume, a
+    rollback): its changed settings, its global batch and world size."""
+    apply(trainer.configured, trainer.optimizer, trainer.scheduler, changes)
+    continue_data(trainer)  # another global batch: from the same sample
+    rederive_rng(trainer)  # another world size: the RNG streams
+
+
+def continue_data(trainer: LoopState) -> None:
     """Another global batch continues the epoch from the sample the checkpoint stopped at (the
     same global batch on another world size takes exactly the uninterrupted run's samples)."""
     position, was = trainer.position, trainer.position.global_batch
@@ -104,14 +112,27 @@ def continue_data(trainer: Trainer) -> None:
         )
 
 
-def _replan(trainer: Trainer) -> None:
-    """The steps done were of the old global batch: the run's total is trainer.max_steps where
-    set, else those plus what the rest of its epochs give at the new one."""
+def replan(trainer: LoopState) -> None:
+    """The run's total steps anew, where the steps done no longer add up to the plan (a global
+    batch changed on resume, a rollback skipped batches of an epoch)."""
+    if _planned_total(trainer) != trainer.parts.total_steps:
+        _replan(trainer)
+
+
+def _planned_total(trainer: LoopState) -> int:
+    """trainer.max_steps where set, else the steps done plus what the rest of the epochs give."""
     t, parts = trainer.settings, trainer.parts
     later_epochs = max(0, t.epochs - trainer.position.epoch - 1)
     per_epoch = parts.loaders.steps_per_epoch(t.grad_accum_steps)
-    total = trainer.progress.step + trainer.steps_left() + later_epochs * per_epoch
-    parts.total_steps = t.max_steps or total
+    return t.max_steps or trainer.progress.step + trainer.steps_left() + later_epochs * per_epoch
+
+
+def _replan(trainer: LoopState) -> None:
+    """The steps done were of the old global batch (or fewer than planned): the run's total is
+    trainer.max_steps where set, else those plus what the rest of its epochs give at the new
+    one."""
+    parts = trainer.parts
+    parts.total_steps = _planned_total(trainer)
     parts.agreement.last_step = parts.total_steps
     parts.metrics.replan(parts.total_steps)
     if schedulers.replan(parts.scheduler, parts.total_steps):  # the lr at the steps done, anew
@@ -119,7 +140,7 @@ def _replan(trainer: Trainer) -> None:
         _set_lrs(parts.optimizer, parts.scheduler, current_lrs(configured, parts.scheduler))
 
 
-def rederive_rng(trainer: Trainer) -> None:
+def rederive_rng(trainer: LoopState) -> None:
     """A checkpoint of another world size holds other ranks' generators: every rank seeds
     its own from (seed, rank, step) instead. Data order and augmentation do not use them."""
     stored, trainer.rng.stored_world = trainer.rng.stored_world, None  # saves store this rank's

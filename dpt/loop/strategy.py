@@ -61,6 +61,8 @@ class Strategy:
     # Every forward is a collective (fsdp gathers each block's weights): all ranks must run the
     # same number of them, also in validation, whose shards may differ by a batch.
     lockstep_forward: ClassVar[bool] = False
+    # Each rank holds only its shards of the gradients (fsdp): a norm of its own is partial.
+    shards_gradients: ClassVar[bool] = False
 
     def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         return model
@@ -147,6 +149,7 @@ class FSDP(Strategy):
 
     name = "fsdp"
     lockstep_forward = True
+    shards_gradients = True
 
     def __init__(
         self,

@@ -19,10 +19,13 @@ from torch import nn
 
 from dpt.data.loaders import Batch
 from dpt.data.position import DataPosition
+from dpt.loop import reactions, resume_apply
 from dpt.loop.agreement import NonFiniteLoss, Verdict
 from dpt.loop.interrupt import Interrupted, StopRequest, stop_on_signals
 from dpt.loop.parts import Parts
+from dpt.loop.reactions import RolledBack
 from dpt.loop.strategy import skip_gradient_sync
+from dpt.monitor.monitor import Judgement
 from dpt.observe.console import log_epoch
 from dpt.state.checkpoint import Committed
 from dpt.state.stateful import (
@@ -51,11 +54,13 @@ class Trainer:
         self.parts, self.settings = parts, parts.settings
         self.model, self.optimizer, self.scheduler = parts.model, parts.optimizer, parts.scheduler
         self.precision, self.metrics = parts.precision, parts.metrics
-        self.agreement = parts.agreement
+        self.agreement, self.monitor = parts.agreement, parts.monitor
         self.loss_fn = nn.CrossEntropyLoss()
         self.global_batch = parts.global_batch
         self.progress, self.position = Progress(), DataPosition(global_batch=self.global_batch)
         self.rng = RNGState(parts.env.rank, parts.env.world_size)
+        # The optimizer's and schedule's settings as configured, before any checkpoint loads.
+        self.configured = resume_apply.Settings.of(self.optimizer, self.scheduler)
         self.bad_before_epoch = 0  # progress.bad_samples when the epoch began: its epoch line
 
     # --- the loop ---------------------------------------------------------------------------
@@ -65,12 +70,15 @@ class Trainer:
         with stop_on_signals() as stop:
             while not stopped_early and p.step < self.parts.total_steps:  # epochs or max_steps
                 self.model.train()
-                for micro_batches, data_s in self.parts.loaders.epoch_batches(
-                    self.position, self.settings.grad_accum_steps
-                ):
-                    self.train_step(micro_batches, data_s, stop)
-                    if p.step >= self.parts.total_steps:
-                        break
+                try:
+                    for micro_batches, data_s in self.parts.loaders.epoch_batches(
+                        self.position, self.settings.grad_accum_steps
+                    ):
+                        self.train_step(micro_batches, data_s, stop)
+                        if p.step >= self.parts.total_steps:
+                            break
+                except RolledBack:  # back at a checkpoint: the epoch goes on past the spike
+                    continue
                 stopped_early = self.end_of_epoch()
         if self.position.sample:  # stopped inside an epoch (max_steps)
             self.save_checkpoint()
@@ -81,22 +89,37 @@ class Trainer:
         grad_norm = self.precision.clip_and_norm(
             self.model, self.optimizer, self.settings.grad_clip_norm
         )
+        clipped = grad_norm is not None
+        if not clipped and self.monitor.computes_norm:  # for grad_spike's reactions alone
+            grad_norm = self.precision.norm(self.model, self.optimizer)
         samples, bad = sum(len(b[1]) for b in micro_batches), sum(b[2] for b in micro_batches)
-        self.metrics.record(loss, samples, bad, data_s, work_s, grad_norm)
+        self.metrics.record(loss, samples, bad, data_s, work_s, grad_norm, clipped)
         ends_epoch_or_run, ends_window = self.ends_here()
         if ends_window:  # on the host: its sums wait for the next agreement
             self.metrics.end_window(self.progress.step + 1, self.position.epoch)
-        verdict = self.agree(stop) if self.agrees_now(ends_epoch_or_run) else None  # waits: seldom
-        if verdict is None or verdict.apply_update:
-            self.precision.step(self.optimizer)  # 16-mixed: the scaler waits for its inf check
+        agreed = self.agree(stop) if self.agrees_now(ends_epoch_or_run) else None  # waits: seldom
+        if agreed is None or agreed[1].apply_update:
+            self.update()
+        else:
+            self.precision.skip_step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         if ends_window:
             self.metrics.set_lr(self.scheduler.get_last_lr()[0])
         self.progress.step += 1
         self.position.sample += self.global_batch
-        if verdict is not None:
-            self.after_agreement(verdict, stop)
+        if agreed is not None:
+            self.after_agreement(*agreed, stop)
+
+    def update(self) -> None:
+        """The optimizer's step, with the gradient diagnostics around it where they are due."""
+        diagnosed = self.parts.diagnostics.due(self.progress.step + 1)
+        if diagnosed:
+            self.precision.unscale(self.optimizer)  # 16-mixed: the true gradients
+            self.parts.diagnostics.before_update()
+        self.precision.step(self.optimizer)  # 16-mixed: the scaler waits for its inf check
+        if diagnosed:  # rare (monitor.grad_diagnostics_every): read back at once
+            self.metrics.scalars(self.parts.diagnostics.after_update(), self.progress.step + 1)
 
     def forward_backward(
         self, micro_batches: list[Batch], step_start: float
@@ -144,19 +167,34 @@ class Trainer:
             or ends_epoch_or_run
         )
 
-    def agree(self, stop: StopRequest) -> Verdict:
-        losses = self.metrics.read_back()  # the agreement's one wait for the device
+    def agree(self, stop: StopRequest) -> tuple[Verdict, Judgement]:
+        """The ranks' agreement, and the monitor's judgement of the steps it covers (the same on
+        every rank: it reads what the agreement gathered)."""
+        losses, norms = self.metrics.read_back()  # the agreement's one wait for the device
+        at = self.metrics.payload_size()  # where the monitor's part of each row begins
+        payload = self.metrics.payload() + self.monitor.payload(losses, norms)
+        step = self.progress.step + 1
         try:
-            return self.agreement.agree(
-                stop, self.progress.step + 1, losses, self.metrics.payload()
-            )
+            verdict = self.agreement.agree(stop, step, losses, payload)
         except NonFiniteLoss as error:
             self.metrics.agreed(error.rows)  # the curves up to the bad step, to look at
-            raise
+            raise reactions.nonfinite_error(self, error, [row[at:] for row in error.rows]) from None
+        values = self.monitor.step_values([row[at:] for row in verdict.rows], step,
+                                          self.position.epoch, self.position.sample,
+                                          self.global_batch)  # fmt: skip
+        judgement = self.monitor.judge(values, verdict.nonfinite, [])
+        reactions.name_skipped_nonfinite(self, judgement)  # before the update: its weights
+        judgement.apply_update = judgement.apply_update and verdict.apply_update
+        return verdict, judgement
 
-    def after_agreement(self, verdict: Verdict, stop: StopRequest) -> None:
-        self.metrics.agreed(verdict.rows)  # writes the windows ended since the last agreement
+    def after_agreement(self, verdict: Verdict, judgement: Judgement, stop: StopRequest) -> None:
+        windows = self.metrics.agreed(verdict.rows)  # writes the windows ended since the last
         self.progress.bad_samples += self.metrics.take_bad()
+        if judgement.decisive is None:  # the windows' speed, unless the run goes back or ends
+            slow = self.monitor.judge([], None, windows, self.position.epoch)
+            judgement.events += slow.events
+            judgement.decisive = slow.decisive
+        reactions.react(self, judgement)  # records the events; a rollback or stop raises
         if verdict.stop:  # agreed; a signal arriving later waits for the next agreement
             self.interrupt(stop)
         every_ckpt = self.parts.checkpoint_every
@@ -220,6 +258,8 @@ class Trainer:
             "validation": self.parts.validation,
             "early_stopping": self.parts.early_stopping,
             "best_model": self.parts.best_model,
+            "monitor_levels": self.monitor.levels,  # rolled back with the model
+            "monitor": self.monitor.history,  # kept by a rollback: what the run went through
         }
         return {
             "model": ModelState(self.model),
@@ -238,6 +278,8 @@ class Trainer:
     def resume(self) -> Committed | None:
         """Load the checkpoint `checkpoint.resume` picks, if any; the metrics continue there."""
         start = self.parts.checkpoints.resume(self.parts.checkpoint.resume, self.state_parts())
+        if start is None:  # a fresh start: an earlier run's events move aside with its work
+            self.monitor.history.events.resume_at(0)
         if start is not None:
             self.parts.metrics.start_at(start.step)
             self.agreement.start_at(start.step)

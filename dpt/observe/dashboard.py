@@ -162,6 +162,13 @@ def session_start(hparams: dict[str, Any]) -> Any:
     )
 
 
+def text(tag: str, value: str) -> Any:
+    """A text summary (TensorBoard's Text tab), e.g. a monitor event's line."""
+    from tensorboard.plugins.text.summary_v2 import text_pb
+
+    return text_pb(tag, value)
+
+
 def session_end(ok: bool) -> Any:
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 

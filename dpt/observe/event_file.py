@@ -71,9 +71,15 @@ def scalars_event(scalars: dict[str, float], step: int, wall_time: float) -> Eve
     return Event(wall_time=wall_time, step=step, summary=Summary(value=values))
 
 
-def summary_event(summary: Any) -> Event:
-    """A one-off summary (HPARAMS, the overlay layout), at step 0, stamped now."""
-    return Event(wall_time=time.time(), step=0, summary=summary)
+def summary_event(summary: Any, step: int = 0) -> Event:
+    """A one-off summary (HPARAMS, the overlay layout, a monitor event's text), stamped now."""
+    return Event(wall_time=time.time(), step=step, summary=summary)
+
+
+def purge_event(step: int) -> Event:
+    """TensorBoard drops what came before it at `step` and later: a run that went back (a
+    resume, a rollback) continues its curves instead of folding them back."""
+    return Event(wall_time=time.time(), step=step, session_log=SessionLog(status=SessionLog.START))
 
 
 class EventFile:
@@ -87,8 +93,7 @@ class EventFile:
         self._file = open(self.path, "wb")  # noqa: SIM115  # open until close()
         first = [Event(wall_time=time.time(), file_version="brain.Event:2")]
         if purge_step is not None:
-            start = SessionLog(status=SessionLog.START)
-            first.append(Event(wall_time=time.time(), step=purge_step, session_log=start))
+            first.append(purge_event(purge_step))
         self.write(first)
 
     def write(self, events: Iterable[Event]) -> None:

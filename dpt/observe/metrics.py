@@ -157,13 +157,16 @@ class MetricsLogger:
         data_s: float,
         work_s: float,
         grad_norm: torch.Tensor | None,
+        clipped: bool = True,
     ) -> None:
-        """One optimizer step. Nothing here waits for the device or another rank."""
+        """One optimizer step. Nothing here waits for the device or another rank. `grad_norm`:
+        the global norm clipping computed (`clipped`; logged), or one this rank computed for the
+        monitor alone (not logged: under fsdp it is this rank's shards')."""
         self._unread.append(loss)
         window = self._open
         if grad_norm is not None:
             self._unread_norms.append(grad_norm.detach())
-            window.clipped = True
+            window.clipped = clipped
         window.steps += 1
         window.unread += 1
         window.samples += samples
@@ -192,11 +195,12 @@ class MetricsLogger:
         """The learning rate logged with the window that just ended: the one going forward."""
         self._ended[-1].lr = lr
 
-    def read_back(self) -> list[float]:
-        """The losses of the steps since the last read-back, in order, as floats: one wait for
-        the device (one copy). Their sums join their windows'."""
+    def read_back(self) -> tuple[list[float], list[float]]:
+        """The losses and gradient norms (none where none are kept) of the steps since the last
+        read-back, in order, as floats: one wait for the device (one copy). Their sums join
+        their windows'."""
         if not self._unread:
-            return []
+            return [], []
         kept = self._unread + self._unread_norms
         if any(t.dtype != torch.float32 for t in kept):  # e.g. a bf16 loss: one dtype to stack
             kept = [t.float() for t in kept]
@@ -211,7 +215,7 @@ class MetricsLogger:
             window.grad_norm += sum(norms[start:end])
             window.unread, start = 0, end
         self._unread, self._unread_norms = [], []
-        return losses
+        return losses, norms
 
     def payload(self) -> list[float]:
         """This rank's numbers for the agreement (after `read_back`): SINCE, then WINDOW for each
@@ -221,18 +225,54 @@ class MetricsLogger:
             sent += window.sent()
         return sent
 
-    def agreed(self, rows: list[list[float]]) -> None:
-        """Take in every rank's payload; write the windows ended since the last agreement."""
+    def agreed(self, rows: list[list[float]]) -> list[tuple[int, list[dict[str, float]]]]:
+        """Take in every rank's payload; write the windows ended since the last agreement.
+        Returns each window's step and every rank's numbers of it (the monitor judges them)."""
         self.world_samples += int(sum(row[0] for row in rows))
         self.bad_samples += int(sum(row[1] for row in rows))
         self._since = [0, 0]
         width, at = len(WINDOW), len(SINCE)
+        windows = []
         for i, window in enumerate(self._ended):
             world = [dict(zip(WINDOW, row[at + i * width : at + (i + 1) * width], strict=True))
                      for row in rows]  # fmt: skip
             self._write_window(window, world)
+            windows.append((window.step, world))
         self._ended = []
         self.lines.release()  # the windows' lines, in one write
+        return windows
+
+    def payload_size(self) -> int:
+        """How many floats `payload` sends now: where the monitor's part of a row begins."""
+        return len(SINCE) + len(WINDOW) * len(self._ended)
+
+    def event(self, tag: str, value: float, text: str, step: int) -> None:
+        """Rank 0: a monitor event on TensorBoard, in the world folder: a point on the detector's
+        own curve (`monitor/<detector>`) and a line of the text log (`monitor/events`)."""
+        if not self.env.is_main:
+            return
+        self._hold(WORLD, {tag: value}, step, time.time())
+        from dpt.observe.event_file import summary_event
+
+        self.flush()  # in order with the scalars held before it
+        self._writer(WORLD).write([summary_event(dashboard.text("monitor/events", text), step)])
+
+    def rolled_back(self, step: int) -> None:
+        """The run went back to `step` (a rollback): the windows not yet written are dropped, and
+        TensorBoard drops what was written past `step` (a purge, as at a resume), so the curves
+        show the line the run goes on with; the bar goes back too."""
+        self._ended, self._open = [], Window()
+        self._unread, self._unread_norms, self._since = [], [], [0, 0]
+        self._window_start = time.perf_counter()
+        self.flush()
+        from dpt.observe.event_file import purge_event
+
+        for writer in self._writers.values():
+            writer.write([purge_event(step + 1)])
+        self.purge_step = step + 1  # writers made from now on purge alike
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.refresh()
 
     def take_bad(self) -> int:
         """World-wide unreadable samples skipped since the last call."""

@@ -456,6 +456,22 @@ class Checkpoints:
             self.history = committed(self.folder)
         return start
 
+    def newest_before(self, step: int) -> Committed | None:
+        """The newest checkpoint of this run's line older than `step` (rank 0 keeps the line, every
+        rank gets the answer): where a rollback goes."""
+        found = None
+        if self.env.is_main:
+            found = next((c for c in reversed(self.history) if c.step < step), None)
+        return broadcast_object(found, self.env)
+
+    def load_to_roll_back(self, target: Committed, parts: dict[str, Any]) -> tuple[Change, ...]:
+        """Load `target` into `parts` (all ranks): a rollback. Nothing is moved aside (the run's
+        line goes on from it, later checkpoints come after) and nothing is said of the config,
+        whose differences from the checkpoint's, returned, this run applied already."""
+        changes = self._compare(target.path, self._stored_config(target.path), quiet=True)
+        load(target.path, parts)
+        return changes
+
     def _holds(self, path: Path) -> bool:
         """This run folder's, an abandoned branch of it included."""
         return self.folder.resolve() in path.resolve().parents
@@ -527,17 +543,17 @@ class Checkpoints:
             raise CheckpointError(error)
         return stored
 
-    def _compare(self, path: Path, stored: str | None) -> tuple[Change, ...]:
+    def _compare(self, path: Path, stored: str | None, quiet: bool = False) -> tuple[Change, ...]:
         """Refuse what this run must not continue (unless checkpoint.strict=false); name what
         changes. A checkpoint without a stored config cannot be compared: said, not refused."""
         if stored is None:
-            if self.env.is_main:
+            if self.env.is_main and not quiet:
                 log.warning(f"checkpoint {path} holds no config: it cannot be compared")
             return ()
         found = resume_config.compare(resume_config.flat(stored), self.config)
         if found.refused and self.strict:
             raise ConfigMismatch(resume_config.refusal(str(path), found.refused))
-        if self.env.is_main:
+        if self.env.is_main and not quiet:
             if found.refused:
                 log.warning(resume_config.forced(str(path), found.refused))
             if found.applied:

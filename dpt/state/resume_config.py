@@ -32,6 +32,7 @@ APPLIED = (
     "trainer.early_stopping.patience",
     "trainer.early_stopping.min_delta",
     "checkpoint.",
+    "monitor.",  # what is watched and done from now on; the data and the model stay
     "launcher.",
     "strategy.",  # checkpoints are the same for every strategy and world size
     "dataset.num_workers",  # augmentation draws from (seed, epoch, sample), not worker RNG

@@ -1,0 +1,241 @@
+"""The monitor in real runs: spikes injected through a user's data set (tests/monitor_data, the
+own-data contract) are warned of, skipped or rolled back past; clean runs raise no event; a
+rollback survives a kill; a non-finite value is traced to its module; a slowdown is seen."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from dpt.monitor.events import read_events
+from tests.helpers import (
+    REPO,
+    TRAIN,
+    committed_checkpoints,
+    job_tb,
+    load_weights,
+    max_abs_diff,
+    run_cmd,
+    run_until,
+    summary,
+    train,
+)
+
+pytestmark = pytest.mark.slow  # every test here starts train.py
+
+CONF = ["--config-dir", str(REPO / "tests" / "monitor_data" / "conf")]
+# 34 global batches of 64 an epoch, in index order; samples 1024..1151 (batches 17 and 18 of
+# every epoch) are poisoned: their inputs x1000 make the loss ~100 times its level.
+POISONED = [
+    *CONF,
+    "dataset=poisoned",
+    "dataset.num_samples=2176",
+    "dataset.poison_start=1024",
+    "dataset.poison_end=1152",
+    "trainer.epochs=3",
+    "trainer.log_every_n_steps=4",
+    "checkpoint.every_n_steps=16",  # a rolled-back epoch has 32 steps: one falls before its window
+    "monitor.loss_spike.warmup=12",  # judged from step 13, before the first window
+    "monitor.max_rollbacks=6",  # two a window, in each of 3 epochs
+]
+WINDOW = (1024, 1152)
+
+
+def _events(run_dir: Path) -> list[tuple[Any, ...]]:
+    return [(e["step"], e["epoch"], e["detector"], e["action"], e["skipped_samples"])
+            for e in read_events(run_dir)]  # fmt: skip
+
+
+def _metrics(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+@pytest.fixture(scope="module")
+def poisoned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One sweep over the loss spike's reactions on the poisoned data (every job's events counted
+    in its summary), and the run on the same data without the window ("dropped": the run that
+    never saw it)."""
+    root = tmp_path_factory.mktemp("poisoned")
+    sweep = root / "sweep"
+    run_cmd([sys.executable, str(TRAIN), "-m", *POISONED, "monitor.grad_diagnostics_every=8",
+             "monitor.loss_spike.action=off,warn,skip,rollback", f"hydra.sweep.dir={sweep}"],
+            timeout=240)  # fmt: skip
+    train(root / "dropped", *POISONED, "dataset.poison=drop")
+    runs = {row["overrides"].split("=")[-1]: sweep / row["job_dir"] for row in summary(sweep)}
+    return {**runs, "sweep": sweep, "dropped": root / "dropped"}
+
+
+def test_warn_says_where_and_changes_nothing(poisoned: dict[str, Path]) -> None:
+    # Steps 17 and 18 of every epoch of 34 steps; the updates are applied as without a monitor.
+    assert _events(poisoned["warn"]) == [
+        (s, e, "loss_spike", "warn", 0) for e, s in ((0, 17), (0, 18), (1, 51), (1, 52),
+                                                      (2, 85), (2, 86))
+    ]  # fmt: skip
+    assert max_abs_diff(load_weights(poisoned["warn"]), load_weights(poisoned["off"])) == 0.0
+    assert _events(poisoned["off"]) == []
+
+
+def test_skip_withholds_exactly_the_window_updates(poisoned: dict[str, Path]) -> None:
+    """The spiking steps count, but their updates are not applied: with a constant learning
+    rate that is the run that never saw the window, to the bit."""
+    events = _events(poisoned["skip"])
+    assert [(s, a, n) for s, _, _, a, n in events] == [
+        (s, "skip", 64) for s in (17, 18, 51, 52, 85, 86)
+    ]
+    assert _metrics(poisoned["skip"])["steps"] == 3 * 34
+    assert max_abs_diff(load_weights(poisoned["skip"]), load_weights(poisoned["dropped"])) < 1e-6
+
+
+def test_rollback_returns_before_the_spike_and_skips_exactly_the_window(
+    poisoned: dict[str, Path],
+) -> None:
+    run = poisoned["rollback"]
+    events = read_events(run)
+    # Each epoch: batch 17 spikes at its step 17, back to step 16; batch 18, trained as step 17
+    # next, spikes, back to 16 again. A rolled-back epoch has 32 steps.
+    assert [(e["step"], e["rollback_to"], e["epoch"]) for e in events] == [
+        (17, 16, 0), (17, 16, 0), (49, 48, 1), (49, 48, 1), (81, 80, 2), (81, 80, 2)
+    ]  # fmt: skip
+    for epoch in range(3):
+        ranges = [e["skipped"] for e in events if e["epoch"] == epoch]
+        skipped = set().union(*(range(a, b) for a, b in ranges))  # shuffle=false: indices
+        assert skipped == set(range(*WINDOW)), epoch
+        assert sum(e["skipped_samples"] for e in events if e["epoch"] == epoch) == 128
+    assert all(e["value"] > 100 * e["level"] for e in events)
+    assert _metrics(run)["steps"] == 3 * 32
+    # It ends where the run that never saw the window ends: the same weights, the same loss.
+    dropped = _metrics(poisoned["dropped"])["final_loss"]
+    assert _metrics(run)["final_loss"] == pytest.approx(dropped, rel=0.01)
+    assert max_abs_diff(load_weights(run), load_weights(poisoned["dropped"])) < 1e-6
+    # TensorBoard: a point on the detector's curve at each event's step, the lines as text.
+    world = job_tb(poisoned["sweep"], 3) / "world"
+    assert [step for step, _ in _scalars(world, "monitor/loss_spike")] == [17, 49, 81]
+    acc = EventAccumulator(str(world), size_guidance={"tensors": 0})
+    acc.Reload()
+    texts = [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("monitor/events")]
+    assert len(texts) == 6 and "rolled back to step 16" in texts[0]
+
+
+def test_the_sweep_counts_each_jobs_events_and_diagnostics_reach_tensorboard(
+    poisoned: dict[str, Path],
+) -> None:
+    rows = {row["overrides"].split("=")[-1]: row for row in summary(poisoned["sweep"])}
+    assert {name: int(row["events"]) for name, row in rows.items()} == {
+        "off": 0, "warn": 6, "skip": 6, "rollback": 6
+    }  # fmt: skip
+    world = job_tb(poisoned["sweep"], 0) / "world"
+    norms = _scalars(world, "grads/0/norm")
+    assert [step for step, _ in norms] == list(range(8, 3 * 34 + 1, 8))
+    assert all(value > 0 for _, value in _scalars(world, "grads/4/update_ratio"))
+
+
+def test_a_rollback_killed_on_2_ranks_resumes_to_the_weights_of_the_run_not_killed(
+    tmp_path: Path,
+) -> None:
+    ddp = [*POISONED, "trainer.epochs=2", "monitor.loss_spike.action=rollback", "strategy=ddp",
+           "launcher.nproc_per_node=2", "trainer.batch_size=32"]  # fmt: skip
+    train(tmp_path / "full", *ddp, timeout=180)
+    killed = tmp_path / "killed"
+    run_until(killed, ddp, "rolled back to step 16",
+              lambda proc, _: os.killpg(proc.pid, signal.SIGKILL))  # fmt: skip
+    assert [e["step"] for e in read_events(killed)] == [17]  # written before the kill
+    train(killed, *ddp, timeout=180)
+    assert max_abs_diff(load_weights(killed), load_weights(tmp_path / "full")) < 1e-6
+    # The log follows the run's line: the replayed rollback is written once.
+    assert _events(killed) == _events(tmp_path / "full")
+    assert len(read_events(tmp_path / "full")) == 4
+    [aside] = killed.glob("events.abandoned-*.jsonl")
+    assert len(aside.read_text().splitlines()) == 1
+
+
+def test_a_non_finite_value_is_traced_to_the_module_that_divides_by_zero(tmp_path: Path) -> None:
+    """The poisoned samples' first feature is 0; the model's `ratio` divides by it. Under fsdp:
+    the ranks replay rank 0's batch together (every forward gathers the weights)."""
+    overrides = [*CONF, "dataset=poisoned", "model=dividing", "dataset.poison=zero",
+                 "dataset.num_samples=512", "dataset.poison_start=320", "dataset.poison_end=448",
+                 "trainer.epochs=1", "trainer.on_nonfinite=skip", "strategy=fsdp",
+                 "trainer.batch_size=32"]  # fmt: skip
+    train(tmp_path, *overrides, timeout=180)
+    events = read_events(tmp_path)
+    assert [(e["step"], e["module"], e["action"]) for e in events] == [
+        (6, "ratio", "skip"), (7, "ratio", "skip")  # samples 320..447 of a global batch of 64
+    ]  # fmt: skip
+
+
+def test_an_error_on_a_non_finite_loss_names_the_module(tmp_path: Path) -> None:
+    overrides = [*CONF, "dataset=poisoned", "model=dividing", "dataset.poison=zero",
+                 "dataset.poison_start=0", "dataset.poison_end=64", "trainer.log_every_n_steps=1",
+                 "trainer.max_steps=4"]  # fmt: skip
+    result = train(tmp_path, *overrides, check=False)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: non-finite loss (nan) at step 1 on rank 0 (first non-finite output: ratio "
+        "(Ratio)); "
+        "set trainer.on_nonfinite=skip to skip such steps"
+    )
+    [event] = read_events(tmp_path)
+    assert (event["detector"], event["action"], event["module"]) == ("nonfinite", "error", "ratio")
+
+
+def test_a_loader_that_slows_down_is_a_slowdown_event(tmp_path: Path) -> None:
+    # From step 9 on every sample takes 2 ms more to load: a step of 64, 128 ms more.
+    overrides = [*CONF, "dataset=slow", "trainer.epochs=1", "trainer.log_every_n_steps=1",
+                 "monitor.slowdown.span_s=0.01", "monitor.slowdown.patience=2"]  # fmt: skip
+    result = train(tmp_path, *overrides)
+    [event] = read_events(tmp_path)
+    assert (event["detector"], event["signal"], event["action"]) == ("slowdown", "step_time",
+                                                                     "warn")  # fmt: skip
+    assert event["step"] == 10 and event["value"] > 3  # the second slow span: its patience
+    assert "monitor: slowdown (step_time) at step 10" in result.stdout
+
+
+def test_stop_checkpoints_and_ends_with_exit_1(tmp_path: Path) -> None:
+    result = train(tmp_path, *POISONED, "trainer.epochs=1", "monitor.loss_spike.action=stop",
+                   check=False)  # fmt: skip
+    assert result.returncode == 1
+    line = result.stderr.strip().splitlines()[-1]
+    # At the agreement that saw the step: within 4 steps (the log steps), or 50 ms of steps.
+    stopped = re.fullmatch(
+        rf"Error: monitor: loss_spike at step 17: .*; stopped \(checkpoint written to "
+        rf"{re.escape(str(tmp_path))}/checkpoints/step-000000(\d\d)\)",
+        line,
+    )
+    assert stopped is not None, line
+    assert [c.name for c in committed_checkpoints(tmp_path)][-1] == f"step-000000{stopped[1]}"
+    resumed = train(tmp_path, *POISONED, "trainer.epochs=1", "monitor.loss_spike.action=off")
+    assert f"at step {int(stopped[1])}" in resumed.stdout
+
+
+def test_clean_runs_raise_no_event(tmp_path: Path) -> None:
+    """The defaults, with gradient norms computed (clipping far above them) so that grad_spike
+    judges too: the MLP on 2 seeds under single, ddp and fsdp, ResNet-18 (16 px) under single
+    and ddp. Every step past the warm-up (20) is judged."""
+    mlp = ["trainer.max_steps=120", "trainer.grad_clip_norm=1000", "trainer.seed=0,1",
+           "strategy=single,ddp,fsdp", "trainer.batch_size=32"]  # fmt: skip
+    resnet = ["model=resnet18", "dataset=fake_images", "dataset.image_size=16",
+              "dataset.num_samples=480", "dataset.num_val_samples=16", "trainer.batch_size=8",
+              "trainer.max_steps=40", "trainer.grad_clip_norm=1000", "trainer.seed=2",
+              "strategy=single,ddp"]  # fmt: skip
+    for name, overrides in (("mlp", mlp), ("resnet", resnet)):
+        sweep = tmp_path / name
+        run_cmd([sys.executable, str(TRAIN), "-m", *overrides, f"hydra.sweep.dir={sweep}"],
+                timeout=280)  # fmt: skip
+        rows = summary(sweep)
+        assert len(rows) == (6 if name == "mlp" else 2)
+        assert [(row["status"], row["events"]) for row in rows] == [("COMPLETED", "0")] * len(rows)
+        for row in rows:
+            assert not (sweep / row["job_dir"] / "events.jsonl").exists()
