@@ -4,8 +4,8 @@ training sample on the same photo-sized JPEGs in each form dpt reads them: files
 WebDataset shards written by `dpt-shards`, read from a folder and over HTTP through dpt's shard
 cache (`ShardsData.train[i]`, what `dataset=shards` trains on). Each against decoding alone, and
 against the recipes dpt's sample replaced (the whole image decoded, then `train_transform`; PIL's
-classic recipe); at 224 px and, where the reduced decode pays, at 128 px; where CUDA is, batched
-decoding on the GPU too. Report: benchmarks/report/pipeline.py.
+classic recipe); at 224 px and at 128 px (where 3 crops in 4 also decode at half the size);
+where CUDA is, batched decoding on the GPU too. Report: benchmarks/report/pipeline.py.
 
 A DataLoader worker runs one intra-op thread, so everything here runs with one thread. Every
 sample is drawn as training draws it, from torch's generator seeded with the sample's index
@@ -35,7 +35,7 @@ from torchvision.transforms import v2
 
 from benchmarks.runner import Say, Stat, alternate, paired_ratios, run_process, time_calls
 from dpt.data.coco import CocoClassification
-from dpt.data.crop_decode import RandomResizedCropDecode
+from dpt.data.crop_decode import BOX_DECODER, RandomResizedCropDecode
 from dpt.data.images import IMAGENET_MEAN, IMAGENET_STD, read_image_rgb, train_transform
 from dpt.data.shard_cache import CacheStats
 from dpt.data.shards import ShardsData
@@ -48,7 +48,9 @@ LOCAL_SHARDS = "dpt train sample, local shards"
 HTTP_SHARDS = "dpt train sample, shards over HTTP"
 HTTP_SMALL_CACHE = "dpt train sample, shards over HTTP, cache < set"
 DECODE_ONLY = "decode only"
-REDUCED = "PIL draft / decode_jpeg"  # the decoder of dpt's samples (dpt.data.crop_decode)
+# The decoders of dpt's samples (dpt.data.crop_decode): its box decoder where it was built, else
+# PIL's draft for a reduced decode and decode_jpeg for a whole one.
+REDUCED = "dpt box decoder" if BOX_DECODER else "PIL draft / decode_jpeg"
 COUNTS = ("hits", "misses", "bytes_downloaded", "evictions")  # CacheStats' counters
 
 
@@ -242,11 +244,10 @@ def other_recipes(inputs: Inputs) -> list[Contender]:
     )
     sample = contender_name(REDUCED, SAMPLE, SIZE)
     return [
-        # Decoding at 1/2, 1/4, 1/8 where the crop allows (PIL's draft), decode_jpeg elsewhere;
-        # the bytes in hand, no data set around it.
+        # dpt's decoder on the bytes in hand, no data set around it.
         Contender(
             REDUCED,
-            "reduced decode",
+            "decoder alone",
             lambda i: reduced(files[i].read_bytes(), str(files[i])),
             SIZE,
             also_vs=sample,

@@ -9,7 +9,16 @@ cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 torch_spec=${DPT_TORCH_SPEC:-"torch==2.14.1 torchvision==0.29.1"}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
+# dpt's JPEG box decoder (setup.py) compiles against libjpeg-turbo's headers. It is optional:
+# where they cannot be had, the install goes on and dpt decodes whole JPEGs (same pixels, slower).
+if [ ! -e /usr/include/jpeglib.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get install -y -qq libjpeg62-turbo-dev || { apt-get update -qq &&
+    apt-get install -y -qq libjpeg62-turbo-dev; }; } >/dev/null 2>&1 ||
+    echo "libjpeg62-turbo-dev could not be installed: dpt will decode whole JPEGs"
+fi
 # shellcheck disable=SC2086  # the spec is a list of requirements
 .venv/bin/pip install --quiet --disable-pip-version-check $torch_spec
 .venv/bin/pip install --quiet --disable-pip-version-check -e ".[dev]"
-echo "dpt installed in $(pwd)/.venv"
+decoder=$(.venv/bin/python -c "from dpt.data.crop_decode import BOX_DECODER; print(BOX_DECODER)")
+echo "dpt installed in $(pwd)/.venv (JPEG box decoder built: $decoder)"

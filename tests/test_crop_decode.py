@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -70,24 +71,48 @@ def _tolerance(reference: torch.Tensor, reduction: int) -> float:
     return 0.5 * float(dx + dy) + 0.02
 
 
-def _reductions_seen(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The reduction each call of the decoders set up (what `_Encoded.draft` answered)."""
-    seen: list[int] = []
-    draft = crop_decode._Encoded.draft
+BOX_DECODER, GENERAL_DECODERS = "box decoder", "general decoders"
 
-    def spy(self: crop_decode._Encoded, reduction: int) -> int:
-        seen.append(draft(self, reduction))
-        return seen[-1]
 
-    monkeypatch.setattr(crop_decode._Encoded, "draft", spy)
-    return seen
+@pytest.fixture(params=[BOX_DECODER, GENERAL_DECODERS])
+def decoders(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which decoders a JPEG goes through: dpt's box decoder (skipped where it was not built), or
+    the ones an installation without it uses (PIL's draft, decode_jpeg)."""
+    if request.param == BOX_DECODER and not crop_decode.BOX_DECODER:
+        pytest.skip("the box decoder was not built")
+    if request.param == GENERAL_DECODERS:
+        monkeypatch.setattr(crop_decode, "_jpeg_box", None)
+    return request.param
+
+
+def _calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[tuple[Any, ...]]:
+    """The arguments and the result, `(*args, result)`, of each call of `owner.name` from here
+    to the end of the test."""
+    calls: list[tuple[Any, ...]] = []
+    function = getattr(owner, name)
+
+    def spy(*args: Any) -> Any:
+        result = function(*args)
+        calls.append((*args, result))
+        return result
+
+    monkeypatch.setattr(owner, name, spy)
+    return calls
+
+
+def _cuts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """(left, top, width, height, reduction, box) of each crop put on the decoded pixel grid: the
+    crop drawn, the reduction it is decoded at on either path (the box decoder's, or the one
+    PIL's draft set up; where the box decoder leaves an image to the others, the last one), and
+    the box cut from the pixels at that reduction."""
+    return _calls(monkeypatch, crop_decode, "_reduced_box")
 
 
 @pytest.mark.parametrize("size", [224, 64])
 def test_same_draws_and_close_output_as_train_transform(
-    image_file: Path, size: int, monkeypatch: pytest.MonkeyPatch
+    image_file: Path, size: int, decoders: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    reductions = _reductions_seen(monkeypatch)
+    cuts = _cuts(monkeypatch)
     decode, transform = RandomResizedCropDecode(size), train_transform(size)
     data = image_file.read_bytes()
     for seed in SEEDS:
@@ -100,30 +125,39 @@ def test_same_draws_and_close_output_as_train_transform(
         assert got.shape == (3, size, size) and got.dtype == torch.float32
         assert got.is_contiguous()
         difference = (got - expected).abs().mean().item()
-        assert difference <= _tolerance(expected, reductions[-1]), f"seed {seed}"
+        assert difference <= _tolerance(expected, cuts[-1][4]), f"seed {seed}"
         # The flip agrees: the image is a left-to-right ramp, so a wrong one is far off.
         assert (got.flip(-1) - expected).abs().mean().item() > 5 * difference + 0.1
 
 
-def test_the_reductions_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At 64 px, crops of a 640x480 JPEG are decoded at 1/2 and 1/4 of its size (through PIL's
-    draft), and the decoded image is that much smaller."""
-    decoded_sizes: list[tuple[int, int]] = []
-    load = crop_decode._load
-
-    def spy(img: Image.Image, source: str, box: tuple[int, int, int, int] | None) -> Image.Image:
-        decoded_sizes.append(img.size)
-        return load(img, source, box)
-
-    monkeypatch.setattr(crop_decode, "_load", spy)
-    reductions = _reductions_seen(monkeypatch)
+@pytest.mark.parametrize(("size", "reductions"), [(64, {2, 4}), (224, {1})])
+def test_only_what_the_crop_needs_is_decoded(
+    size: int, reductions: set[int], decoders: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Crops of a 640x480 JPEG are decoded at 1/2 and 1/4 of its size where they are 2 and 4
+    times the output on both sides (every crop at 64 px), whole-size elsewhere. The box decoder
+    decodes the crop's box alone, at that scale; without it PIL's draft decodes the whole image
+    at that scale, and decode_jpeg the whole image where there is no reduction."""
+    cuts = _cuts(monkeypatch)
+    loads = _calls(monkeypatch, crop_decode, "_load")
+    wholes = _calls(monkeypatch, crop_decode, "_decode_jpeg")
+    if decoders == BOX_DECODER:
+        boxes = _calls(monkeypatch, crop_decode._jpeg_box, "decode")
     data = _encoded(_photo(640, 480), quality=90)
     for seed in SEEDS:
         torch.manual_seed(seed)
-        RandomResizedCropDecode(64)(data, "x.jpg")
-    assert {2, 4} <= set(reductions)
-    expected = [(640 // r, 480 // r) for r in reductions if r > 1]
-    assert decoded_sizes == expected
+        RandomResizedCropDecode(size)(data, "x.jpg")
+    used = [reduction for *_, reduction, _ in cuts]
+    assert len(used) == len(SEEDS) and reductions <= set(used)
+    assert used == [jpeg_reduction(w, h, size, size) for _, _, w, h, *_ in cuts]
+    if decoders == BOX_DECODER:
+        expected = [(x0, y0, x1 - x0, y1 - y0, r) for *_, r, (x0, y0, x1, y1) in cuts]
+        assert [args[1:-1] for args in boxes] == expected
+        assert loads == [] and wholes == []
+    else:
+        sizes = [img.size for img, *_ in loads]
+        assert sizes == [(640 // r, 480 // r) for r in used if r > 1]
+        assert len(wholes) == used.count(1)
 
 
 @pytest.mark.parametrize(
@@ -153,7 +187,7 @@ def test_reduced_box_stays_at_least_s_and_inside() -> None:
     assert crop_decode._reduced_box(193, 0, 448, 460, 2) == (97, 0, 321, 230)
 
 
-def test_same_seed_same_output_bit_for_bit() -> None:
+def test_same_seed_same_output_bit_for_bit(decoders: str) -> None:
     data = _encoded(_photo(640, 480), quality=90)
     for size in (224, 64):
         outputs = []
@@ -163,7 +197,7 @@ def test_same_seed_same_output_bit_for_bit() -> None:
         assert torch.equal(*outputs)
 
 
-def test_takes_bytes_bytearray_and_memoryview() -> None:
+def test_takes_bytes_bytearray_and_memoryview(decoders: str) -> None:
     data = _encoded(_photo(320, 240), quality=90)
     outputs = []
     for buffer in (data, bytearray(data), memoryview(data)):
@@ -192,7 +226,7 @@ def _corrupt(part: bytes, offset: int, length: int) -> bytes:
     ],
     ids=["empty", "truncated", "garbage"],
 )
-def test_bad_bytes_raise_image_decode_error(data: bytes, reason: str) -> None:
+def test_bad_bytes_raise_image_decode_error(data: bytes, reason: str, decoders: str) -> None:
     with pytest.raises(ImageDecodeError) as caught:
         RandomResizedCropDecode(32)(data, "a/b.jpg")
     assert str(caught.value) == f"cannot read image a/b.jpg: {reason}"
@@ -201,13 +235,17 @@ def test_bad_bytes_raise_image_decode_error(data: bytes, reason: str) -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [_corrupt(b"\xff\xc4", 5, 16), _corrupt(b"\xff\xc0", 5, 4)],
-    ids=["Huffman table", "frame header"],
+    [_corrupt(b"\xff\xc4", 5, 16), _corrupt(b"\xff\xc0", 5, 4), _corrupt(b"\xff\xda", 6, 1)],
+    ids=["Huffman table", "frame header", "scan header"],
 )
-def test_corrupt_jpegs_are_named_as_read_image_rgb_names_them(data: bytes, tmp_path: Path) -> None:
+def test_corrupt_jpegs_are_named_as_read_image_rgb_names_them(
+    data: bytes, tmp_path: Path, decoders: str
+) -> None:
     """Decoded whole (224 px from 256: no crop is 448 px): read_image_rgb's own decoder and
     message, also for a header PIL cannot open; decoded reduced (16 px: every crop of a 256 px
-    image is at least 32 px, so at 1/2 or less): PIL's message."""
+    image is at least 32 px, so at 1/2 or less): PIL's message. The box decoder hands all three
+    on: the first two it does not take, the third (a scan that names a Huffman table the file
+    does not define) it stops on."""
     path = tmp_path / "a.jpg"
     path.write_bytes(data)
     with pytest.raises(ImageDecodeError) as tensor_path:

@@ -1,15 +1,22 @@
-"""Training and validation samples decoded from JPEG bytes at no more resolution than they need.
+"""Training and validation samples decoded from JPEG bytes with no more decoding than they need.
 
 `train_transform(S)` decodes the whole JPEG, then `RandomResizedCrop` keeps a random box of 8% to
-100% of the image and resamples it to S x S. When that box is at least 2S (4S, 8S) pixels on both
-sides, libjpeg can decode the image at 1/2 (1/4, 1/8) of its size directly (DCT scaling: the
+100% of the image and resamples it to S x S. `RandomResizedCropDecode` makes the same draws and
+decodes the box alone: dpt's box decoder (dpt/data/_jpeg_box.c, compiled by setup.py against the
+system's libjpeg-turbo) only entropy-decodes the rows above the box, transforms and colour-
+converts only the columns it spans, and stops after its last row; its pixels are the whole
+decode's, cropped, bit for bit (tests/test_jpeg_box.py). When the box is at least 2S (4S, 8S)
+pixels on both sides it is decoded at 1/2 (1/4, 1/8) of the image's size (DCT scaling: the
 inverse transform of each 8x8 block is computed at 4x4, 2x2 or 1x1, and colour conversion runs on
-the smaller image), and the box still holds at least S x S pixels, so the output loses nothing.
-`RandomResizedCropDecode` does that through PIL's `Image.draft`, crops the box, resamples it with
-torch's antialiased bilinear kernel (the one torchvision's `resize` runs on uint8 images), flips,
-and converts to normalized float32 in one fused pass. A box too small for a reduction is cut from
-the whole image decoded by read_image_rgb's own decoder (`decode_jpeg`: libjpeg-turbo's pixels,
-as PIL's, about 15% sooner). Images that are not JPEGs (PNG, ...) are decoded whole by PIL.
+fewer pixels) and still holds at least S x S pixels, so the output loses nothing. The box is then
+resampled by torch's antialiased bilinear kernel on uint8 (the one torchvision's `resize` runs),
+flipped, and converted to normalized float32.
+
+Where the box decoder was not built (no compiler or no libjpeg-turbo headers at install time) or
+does not take the JPEG (CMYK, not 8-bit, a libjpeg error), the general decoders make the same
+sample from more decoding, and name what is wrong with a bad file: PIL's `Image.draft` for a
+reduction, read_image_rgb's own decoder (`decode_jpeg`) for the whole image otherwise. Images
+that are not JPEGs (PNG, ...) are decoded whole by PIL.
 
 What is kept, exactly: the random draws. The crop box comes from torchvision's own
 `RandomResizedCrop.get_params` (the draws of `v2.RandomResizedCrop.make_params`, in the same
@@ -27,14 +34,21 @@ about 0.01-0.1 of the normalized values, by how detailed the image is; tests/tes
 the distributions of the crops and of the pixels do not. Without a reduction the output is
 `train_transform(S)`'s to float rounding. Grayscale and CMYK JPEGs come out RGB.
 
-What it buys depends on the crops: at 224 px from 640x480 images only about 1 crop in 10 is 448
-px on both sides, so the sample costs what the full-decode one does (0.63 of decoding alone,
-docs/performance.md section 3); at 128 px, 3 in 4 are, and the sample runs at about 0.75 of
-decoding alone, 10% faster than decoding whole. Entropy (Huffman) decoding, which no reduction
-skips, is most of a decode: the rest of the sample cannot fit in the 11% that 0.9 leaves. PIL's
-own `resize(box=...)` would crop and resample in one pass, but its portable C kernel is about 3x
-slower than torch's vectorized uint8 one (0.7 ms against 0.24 ms for a 300 px box to 224 px, one
-core): more than a reduced decode saves.
+What it buys, on 640x480 photo-like JPEGs, one thread (docs/performance.md section 3): at 224 px the
+whole sample runs at about 0.86 of decoding the image alone (0.63 through the general decoders); at
+128 px, where 3 crops in 4 also decode at 1/2, faster than decoding alone. What is left at 224 px:
+the entropy (Huffman) decoding of every row down to the box's last, which a JPEG without restart
+markers does not let any decoder skip, is most of the box's decode (together about 2/3 of a whole
+decode); resampling the box takes about 0.3 ms, the float conversion and normalization 0.1 ms,
+torchvision's draws 0.05 ms (a whole decode: 1.4 ms on the same core).
+
+Tried, and slower: libjpeg-turbo also scales by M/8 for M = 3, 5, 6, 7, which would decode every
+crop larger than S at just over S pixels; but its inverse transforms at those sizes are plain C
+(8/8, 4/8 and 2/8 are SIMD), and with 4:2:0 chroma it transforms the chroma at 2M/8 (10x10 to
+14x14 outputs per block), so a 640x480 image decodes 1.4-1.8x slower at 5/8-7/8 than at 8/8, and
+the sample at 224 px ran at 0.71 of decoding alone against 0.81 with powers of two only. PIL's
+`resize(box=...)` would crop and resample in one pass, but its portable C kernel is about 3x
+slower than torch's vectorized uint8 one (0.7 ms against 0.24 ms for a 300 px box to 224 px).
 
 Validation keeps `val_transform(S)` on the whole decoded image: what `dpt-predict` computes
 from a file, pixel for pixel.
@@ -61,10 +75,18 @@ from dpt.data.images import (
     _has_end_marker,
 )
 
+try:  # dpt's compiled box decoder (setup.py), where libjpeg-turbo's headers were there to build it
+    from dpt.data import _jpeg_box
+except ImportError:  # the general decoders: the same samples, from more decoding
+    _jpeg_box = None
+
+# Whether JPEG boxes are decoded alone (dpt.data._jpeg_box) in this installation.
+BOX_DECODER = _jpeg_box is not None
+
 Bytes = bytes | bytearray | memoryview
 Box = tuple[int, int, int, int]  # left, top, right, bottom, as PIL's
 
-# libjpeg's DCT scaling factors that PIL's draft asks for, largest first.
+# libjpeg's DCT scalings that are SIMD (and all that PIL's draft asks for), largest first.
 REDUCTIONS = (8, 4, 2, 1)
 # v2.RandomResizedCrop's and v2.RandomHorizontalFlip's defaults, which train_transform uses.
 CROP_SCALE = [0.08, 1.0]
@@ -83,8 +105,9 @@ def jpeg_reduction(width: int, height: int, min_width: int, min_height: int) -> 
 
 class RandomResizedCropDecode:
     """`train_transform(image_size)(read_image_rgb(...))` on the bytes of an image: the same random
-    draws, a JPEG decoded at the lowest resolution the crop allows. Returns float32 (3, S, S),
-    ImageNet-normalized; raises `ImageDecodeError` for bytes that are not a readable image."""
+    draws, only the crop of a JPEG decoded, at the lowest resolution it allows. Returns float32
+    (3, S, S), ImageNet-normalized; raises `ImageDecodeError` for bytes that are not a readable
+    image."""
 
     def __init__(self, image_size: int) -> None:
         self.image_size = image_size
@@ -96,18 +119,17 @@ class RandomResizedCropDecode:
         # The draws, in v2.RandomResizedCrop's order, then v2.RandomHorizontalFlip's.
         top, left, h, w = RandomResizedCrop.get_params(encoded.header, CROP_SCALE, CROP_RATIO)
         flip = bool(torch.rand(1) < FLIP_P)
-        reduction = encoded.draft(jpeg_reduction(w, h, size, size))
-        crop = encoded.pixels(_reduced_box(left, top, w, h, reduction))
-        # antialias=True is what RandomResizedCrop(antialias=True) asks torch for, uint8 included.
-        resized = nnf.interpolate(crop[None], (size, size), mode="bilinear", antialias=True)[0]
+        crop = encoded.crop(left, top, w, h, jpeg_reduction(w, h, size, size))
+        resized = _resize(crop, size)
         if flip:
             resized = resized.flip(-1)
         return self._normalize(resized)
 
 
 class _Encoded:
-    """An image's bytes, opened lazily (PIL reads the header, not the pixels): its size, a JPEG's
-    DCT reduction, and then the pixels of a box."""
+    """An image's bytes, opened lazily (only the header is read): its size, then the pixels of a
+    box at a JPEG's DCT reduction, from dpt's box decoder where it takes the JPEG, else from PIL
+    (a reduction, or another format) or read_image_rgb's decoder (a whole JPEG)."""
 
     def __init__(self, data: Bytes, source: str) -> None:
         # A bytearray: what torch.frombuffer takes without warning about a read-only buffer.
@@ -117,17 +139,43 @@ class _Encoded:
             raise _error(source, "empty file")
         self.is_jpeg = self.buffer.startswith(_JPEG_SOI)
         self.reduction = 1
-        self.img = self._open()
+        self.img: Image.Image | None = None
         self.whole: torch.Tensor | None = None  # the whole image, once decoded whole
         self.header: Image.Image | torch.Tensor  # what torchvision's get_params reads the size of
+        size = _box_decodable_size(self.buffer) if self.is_jpeg else None
+        self.box_decodable = size is not None
+        if size is not None:
+            self.size = size  # (width, height)
+            # get_params reads a tensor's shape only: a meta tensor has one and no memory.
+            self.header = torch.empty((3, size[1], size[0]), dtype=torch.uint8, device="meta")
+        else:
+            self._open_general()
+
+    def _open_general(self) -> None:
+        """Opens the image for the general decoders: PIL reads its header."""
+        self.box_decodable = False
+        self.img = self._open()
         if self.img is not None:
             self.header, self.size = self.img, self.img.size  # (width, height), before draft
         else:
             # A JPEG PIL cannot even open goes to read_image_rgb's decoder, which names the
             # problem (truncation, decode_jpeg's reason) or, for a variant only it reads,
             # decodes it.
-            self.whole = self.header = _decode_jpeg(self.buffer, source)
+            self.whole = self.header = _decode_jpeg(self.buffer, self.source)
             self.size = (self.whole.shape[-1], self.whole.shape[-2])
+
+    def crop(self, left: int, top: int, width: int, height: int, reduction: int) -> torch.Tensor:
+        """The box (in the image's pixels) decoded at 1/reduction where the decoder allows, as
+        uint8 (3, h, w) RGB, a view of (h, w, 3) pixels: what torch's uint8 resampling is
+        fastest on."""
+        if self.box_decodable:
+            box = _reduced_box(left, top, width, height, reduction)
+            pixels = _decode_box(self.buffer, box, reduction)
+            if pixels is not None:
+                return pixels
+            self._open_general()  # libjpeg refused it: the general decoders name the problem
+        reduction = self.draft(reduction)
+        return self.pixels(_reduced_box(left, top, width, height, reduction))
 
     def _open(self) -> Image.Image | None:
         try:
@@ -153,8 +201,7 @@ class _Encoded:
         return self.reduction
 
     def pixels(self, box: Box) -> torch.Tensor:
-        """The `box` of the image decoded at the reduction as uint8 (3, h, w) RGB, a view of
-        (h, w, 3) pixels: what torch's uint8 resampling is fastest on."""
+        """The `box` of the image decoded by the general decoders at the reduction."""
         if self.img is None or (self.is_jpeg and self.reduction == 1):
             # A whole JPEG: read_image_rgb's own decoder (decode_jpeg, whose libjpeg-turbo gives
             # PIL's pixels about 15% sooner, PIL as its fallback), with its checks and messages.
@@ -169,7 +216,7 @@ class _Encoded:
 
 
 class _Normalize:
-    """uint8 (3, S, S), any strides, to contiguous float32 (x / 255 - mean) / std in one pass."""
+    """uint8 (3, S, S), any strides, to contiguous float32 (x / 255 - mean) / std."""
 
     def __init__(self) -> None:
         std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
@@ -177,10 +224,39 @@ class _Normalize:
         self.bias = -torch.tensor(IMAGENET_MEAN).view(3, 1, 1) / std
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(image.shape, dtype=torch.float32)
-        # bias + image * scale: reads the uint8 once (any layout) and writes contiguous CHW;
-        # measured faster than ToDtype + Normalize, or a transposing copy first.
-        return torch.addcmul(self.bias, image, self.scale, out=out)
+        out = image.to(torch.float32, memory_format=torch.contiguous_format)
+        # Three vectorized passes in place, measured at 0.05 ms for 224 px: less than half of
+        # one addcmul from the uint8 (0.11 ms), which torch runs unvectorized on mixed dtypes.
+        return out.mul_(self.scale).add_(self.bias)
+
+
+def _resize(image: torch.Tensor, size: int) -> torch.Tensor:
+    """uint8 (3, h, w) to (3, size, size) by torch's antialiased bilinear kernel: what
+    RandomResizedCrop(antialias=True) asks torch for, uint8 included."""
+    # A batch of one with the whole image's batch stride: `image[None]` would get stride 3, and
+    # torch would take an (h, w, 3) image for a planar one and resample it into a planar tensor,
+    # through a scalar copy (about 0.1 ms at 224 px); this way it stays (h, w, 3) throughout.
+    batch = image.permute(1, 2, 0).unsqueeze(0).permute(0, 3, 1, 2)
+    return nnf.interpolate(batch, (size, size), mode="bilinear", antialias=True)[0]
+
+
+def _box_decodable_size(data: bytearray) -> tuple[int, int] | None:
+    """(width, height) of a JPEG that dpt's box decoder takes (8-bit, YCbCr, grey or RGB, and
+    whole: a truncated one goes to the general decoders, which name it); else None."""
+    if _jpeg_box is None or not _has_end_marker(data):
+        return None
+    return _jpeg_box.size(data)
+
+
+def _decode_box(data: bytearray, box: Box, reduction: int) -> torch.Tensor | None:
+    """`box` of the image decoded at 1/reduction, from dpt's box decoder, as uint8 (3, h, w)
+    over (h, w, 3) pixels; None where libjpeg stopped on an error."""
+    left, top, right, bottom = box
+    width, height = right - left, bottom - top
+    pixels = _jpeg_box.decode(data, left, top, width, height, reduction)
+    if pixels is None:
+        return None
+    return torch.frombuffer(pixels, dtype=torch.uint8).view(height, width, 3).permute(2, 0, 1)
 
 
 def _reduced_box(left: int, top: int, width: int, height: int, reduction: int) -> Box:
