@@ -127,6 +127,15 @@ class MonitorConfig:
 
 
 @dataclass
+class SweepConfig:
+    # What a search (`hydra/sweeper=optuna`) optimizes, the number dpt's task returns: auto (the
+    # watched validation metric, trainer.early_stopping.metric in its mode, at its best epoch;
+    # the final train loss where there is no validation), val/loss, val/acc1, val/acc5 (at their
+    # best epoch) or train/loss (the last logging window's).
+    objective: str = "auto"
+
+
+@dataclass
 class MLPConfig:
     _target_: str = "dpt.models.mlp.MLP"
     hidden_dims: list[int] = MISSING
@@ -363,6 +372,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 SCHEMAS: dict[str, dict[str, type]] = {

@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from dpt.config import register_configs
 from dpt.launch import hydra_run
 from dpt.launch.hydra_run import CONFIG_NAME, CONFIG_PATH, hydra_app, hydra_args
 
@@ -23,6 +24,7 @@ CONF = Path(__file__).resolve().parents[1] / "dpt" / "conf"
 
 @pytest.fixture(autouse=True)
 def _clear_hydra() -> Any:
+    register_configs()  # the schemas dpt's config extends, as dpt.launch.cli registers them
     GlobalHydra.instance().clear()
     yield
     GlobalHydra.instance().clear()

@@ -61,6 +61,26 @@ def test_sweep_of_two_task_ddp_and_fsdp_jobs(tmp_path: Path) -> None:
     assert "COMPLETED" in result.stdout
 
 
+@pytest.mark.timeout(240)
+def test_a_search_runs_its_trials_as_slurm_jobs(tmp_path: Path) -> None:
+    """hydra/sweeper=optuna over dpt's SLURM launcher: two trials submitted together, each told
+    its job's objective."""
+    sweep = tmp_path / "sweep"
+    run_cmd([sys.executable, str(TRAIN), "-m", *SLURM, "launcher.tasks_per_node=1",
+             "trainer.max_steps=3", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2",
+             "hydra.sweeper.n_jobs=2", "hydra.sweeper.sampler.seed=0",
+             "optimizer.lr=tag(log,interval(1e-4,1e-1))", f"hydra.sweep.dir={sweep}"],
+            timeout=200)  # fmt: skip
+    import optuna
+
+    study = optuna.load_study(study_name="dpt", storage=f"sqlite:///{sweep / 'optuna.db'}")
+    values = {t.number: t.value for t in study.trials}
+    rows = summary(sweep)
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "COMPLETED"), ("1", "COMPLETED")]
+    assert {int(r["job"]): float(r["objective"]) for r in rows} == values
+    assert list((sweep / ".submitit").iterdir()), "not run through SLURM"
+
+
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.time() + timeout
     while not condition():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 from dpt.launch.sweep import format_table, report, rows, write_status
 from tests.helpers import summary
@@ -22,7 +24,8 @@ def test_summary_columns_name_their_clock_and_leave_out_the_sample_count(tmp_pat
     report(tmp_path, final=True)
     (first, _) = summary(tmp_path)
     assert list(first) == [
-        "job", "status", "overrides", "final_loss", "best_val/loss", "best_val/acc1",
+        "job", "status", "overrides", "objective", "best", "final_loss", "best_val/loss",
+        "best_val/acc1",
         "best_val/acc5", "loop_samples_per_s", "loop_time_s", "job_wall_s", "world_size",
         "steps", "events", "error", "job_dir",
     ]  # fmt: skip
@@ -34,3 +37,19 @@ def test_the_table_says_which_clock() -> None:
     table = rows([{**_job(0, 2.0, 0.3), "job_dir": "0"}])
     head = format_table(table).splitlines()[0]
     assert "loop samples/s" in head and "job wall s" in head and "best val/acc1" in head
+
+
+def test_the_best_objective_is_marked_and_its_folder_linked(tmp_path: Path, capsys: Any) -> None:
+    for number, acc1 in ((0, 0.3), (1, 0.7), (2, 0.5)):
+        job = _job(number, 1.0, acc1)
+        job["result"]["objective"] = {"name": "val/acc1", "direction": "maximize", "value": acc1}
+        (tmp_path / str(number)).mkdir()
+        write_status(tmp_path / str(number), job)
+    failed = {**_job(3, 0.1, 0.99), "status": "FAILED", "result": None, "error": "boom"}
+    write_status(tmp_path / "3", failed)
+    report(tmp_path, final=True)
+    assert [row["best"] for row in summary(tmp_path)] == ["False", "True", "False", "False"]
+    assert os.readlink(tmp_path / "best") == "1" and (tmp_path / "best").is_dir()
+    out = capsys.readouterr().out
+    assert "\n1 *  " in out
+    assert f"[sweep] best (*): job 1, val/acc1 0.7 (maximize): {tmp_path / 'best'}" in out

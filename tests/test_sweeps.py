@@ -16,7 +16,8 @@ pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
 
 SHORT_STEPS = 5
 SHORT = [*FAST, f"trainer.max_steps={SHORT_STEPS}"]
-SWEEP_FILES = {"multirun.yaml", "summary.csv", "summary.png", "tb"}
+# `best`: the job with the best objective (here val/loss), its run folder linked.
+SWEEP_FILES = {"multirun.yaml", "summary.csv", "summary.png", "tb", "best"}
 
 
 def multirun(sweep: Path, *overrides: str, timeout: float = 150, check: bool = True) -> Result:

@@ -44,8 +44,10 @@ if TYPE_CHECKING:
 register_configs()
 
 
-def task(cfg: DictConfig) -> dict[str, Any]:
-    """One Hydra job: check it, then hand it to the configured launcher."""
+def task(cfg: DictConfig) -> float:
+    """One Hydra job: check it, hand it to the configured launcher; returns the run's objective
+    (sweep.objective; NaN where the run has none), what a search's sweeper optimizes. The run's
+    other results are in its metrics.json."""
     hydra_cfg = HydraConfig.get()
     try:
         validate(cfg)  # in a multirun, this job's own overrides are first seen here
@@ -53,7 +55,9 @@ def task(cfg: DictConfig) -> dict[str, Any]:
         launcher = build(cfg.launcher)  # imports dpt.launch.launchers, and with it torch
         run_dir = Path(hydra_cfg.runtime.output_dir)
         with _run_folder_held(run_dir):
-            return launcher.run(cfg, run_dir)
+            summary = launcher.run(cfg, run_dir)
+        value = (summary.get("objective") or {}).get("value")
+        return float("nan") if value is None else float(value)
     except DptError as error:
         if hydra_cfg.mode == RunMode.RUN:
             raise Abort(error) from error  # one line, without Hydra's "Error executing job"

@@ -29,6 +29,8 @@ from dpt.monitor.events import read_events
 from dpt.observe.dashboard import write_sweep_experiment
 
 STATUS_FILE = "job_status.json"
+METRICS_FILE = "metrics.json"  # a run's results (dpt.launch.worker)
+BEST_LINK = "best"  # the best job's run folder, by the objective
 SUMMARY_CSV = "summary.csv"
 SUMMARY_PNG = "summary.png"
 FAILED_STATES = ("FAILED", "CRASHED")
@@ -82,6 +84,10 @@ class SweepSummary(Callback):
         runs = [(r.get("result") or {}).get("hparams") for r in records]
         write_sweep_experiment(sweep_dir, [hparams for hparams in runs if hparams])
         failed = [r for r in records if r["status"] in FAILED_STATES]
+        if failed and _is_search(config) and len(failed) < len(records):
+            print(f"[sweep] {len(failed)} of {len(records)} trials failed; a search goes on past "
+                  "them (hydra.sweeper.max_failure_rate)", file=sys.stderr)  # fmt: skip
+            return
         if failed:
             first = failed[0]
             raise Abort(
@@ -90,6 +96,13 @@ class SweepSummary(Callback):
                     f"{first['error']}); summary: {sweep_dir / SUMMARY_CSV}"
                 )
             )
+
+
+def _is_search(config: DictConfig) -> bool:
+    """Run by dpt's Optuna sweeper (`hydra/sweeper=optuna`): failed trials are a search's
+    ordinary results."""
+    target = OmegaConf.select(config, "hydra.sweeper._target_", default="")
+    return str(target).startswith("hydra_plugins.dpt_optuna_sweeper.")
 
 
 def _is_multirun(config: DictConfig) -> bool:
@@ -130,8 +143,8 @@ def finished_record(job_dir: Path, info: dict[str, Any], job_return: JobReturn) 
         record.update(status="FAILED", error=describe_error(value), result=None)
         if not isinstance(value, DptError) and isinstance(value, BaseException):
             record["traceback"] = "".join(traceback.format_exception(value))
-    else:
-        record.update(status="COMPLETED", error=None, result=_result_dict(value))
+    else:  # the task returns the objective; the run's results are its metrics.json
+        record.update(status="COMPLETED", error=None, result=_results(job_dir))
     return record
 
 
@@ -147,8 +160,12 @@ def describe_error(error: Any, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _result_dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
+def _results(job_dir: Path) -> dict[str, Any]:
+    try:
+        found = json.loads((job_dir / METRICS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 # --- the sweep's summary --------------------------------------------------------------------------
@@ -187,6 +204,8 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "job": r["job"],
             "status": r["status"],
             "overrides": " ".join(r["overrides"]),
+            "objective": (result.get("objective") or {}).get("value"),
+            "best": False,  # set by `mark_best`
             "final_loss": result.get("final_loss"),
         }
         row.update({f"best_{k}": (result.get("best_val") or {}).get(k) for k in best_keys})
@@ -209,14 +228,49 @@ def _wall_time(record: dict[str, Any]) -> float | None:
     return end - start if start is not None and end is not None else None
 
 
+def mark_best(
+    records: list[dict[str, Any]], table: list[dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The completed job with the best objective (its direction, as every job reports it),
+    marked in the table, with its objective (name, direction, value); None where no job has
+    one."""
+    scored = [(row, (record.get("result") or {}).get("objective") or {})
+              for record, row in zip(records, table, strict=True)]  # fmt: skip
+    scored = [(row, found) for row, found in scored
+              if row["status"] == "COMPLETED" and found.get("value") is not None]  # fmt: skip
+    if not scored:
+        return None
+    sign = -1.0 if scored[0][1].get("direction") == "maximize" else 1.0
+    best = min(scored, key=lambda pair: sign * pair[1]["value"])
+    best[0]["best"] = True
+    return best
+
+
+def link_best(sweep_dir: Path, job_dir: str) -> Path:
+    """`<sweep>/best`: the best job's run folder (model_best.pt, metrics.json, ...), a relative
+    link replaced at once (a new one under a temporary name, renamed over the old)."""
+    tmp = sweep_dir / f".{BEST_LINK}.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(job_dir, target_is_directory=True)
+    os.replace(tmp, sweep_dir / BEST_LINK)
+    return sweep_dir / BEST_LINK
+
+
 def report(sweep_dir: Path, final: bool) -> list[dict[str, Any]]:
-    """Write summary.csv and summary.png into the sweep folder and print the table."""
+    """Write summary.csv and summary.png into the sweep folder, link the best job's folder and
+    print the table."""
     records = collect(sweep_dir, final)
     table = rows(records)
+    best = mark_best(records, table)
     write_csv(sweep_dir / SUMMARY_CSV, table)
-    plotted = plot(sweep_dir / SUMMARY_PNG, table)
+    plotted = plot(sweep_dir / SUMMARY_PNG, table, best[1] if best else None)
     print(format_table(table))
     print(f"[sweep] summary: {sweep_dir / SUMMARY_CSV}" + (f", {plotted}" if plotted else ""))
+    if best is not None:
+        row, found = best
+        link = link_best(sweep_dir, row["job_dir"])
+        print(f"[sweep] best (*): job {row['job']}, {found['name']} {found['value']:.6g} "
+              f"({found['direction']}): {link}")  # fmt: skip
     return records
 
 
@@ -252,13 +306,14 @@ def _best_column(table: list[dict[str, Any]]) -> str | None:
 def format_table(table: list[dict[str, Any]]) -> str:
     """A plain-text table: one line per job, and its error on the next line if it failed."""
     best = _best_column(table)
-    head = ["job", "status", "final loss", f"best {best[5:]}" if best else "best val"]
+    head = ["job", "status", "objective", "final loss", f"best {best[5:]}" if best else "best val"]
     head += ["loop samples/s", "job wall s", "events", "overrides"]
     lines = []
     for row, overrides in zip(table, swept(table), strict=True):
         cells = [
-            str(row["job"]),
+            str(row["job"]) + (" *" if row["best"] else ""),  # the best objective
             row["status"],
+            _fmt(row["objective"], ".4f"),
             _fmt(row["final_loss"], ".4f"),
             _fmt(row.get(best) if best else None, ".4f"),
             _fmt(row["loop_samples_per_s"], ",.0f"),
@@ -276,7 +331,9 @@ def format_table(table: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def plot(path: Path, table: list[dict[str, Any]]) -> Path | None:
+def plot(
+    path: Path, table: list[dict[str, Any]], objective: dict[str, Any] | None = None
+) -> Path | None:
     """One panel per measure, one bar per job, its value written on it; a job without a value
     gets its status in red instead. Loss and accuracy axes span the values, not 0..max: the
     differences between jobs are what a sweep is read for."""
@@ -288,6 +345,10 @@ def plot(path: Path, table: list[dict[str, Any]]) -> Path | None:
     import matplotlib.pyplot as plt
 
     panels = [("loop_samples_per_s", "loop samples/s (higher is better)", ",.0f", True)]
+    if objective is not None:  # the best job's bar in its own colour
+        better = "higher" if objective["direction"] == "maximize" else "lower"
+        panels.append(("objective", f"objective: {objective['name']} ({better} is better)",
+                       ".4f", False))  # fmt: skip
     panels.append(("final_loss", "final train loss (lower is better)", ".4f", False))
     best = _best_column(table)
     if best:
@@ -298,7 +359,9 @@ def plot(path: Path, table: list[dict[str, Any]]) -> Path | None:
         1, len(panels), figsize=(4.5 * len(panels) + 2.5, 1.2 + 0.5 * len(table)), sharey=True
     )
     for ax, (key, title, spec, from_zero) in zip(axes, panels, strict=True):
-        _bar_panel(ax, [r.get(key) for r in table], [r["status"] for r in table], spec, from_zero)
+        marked = [bool(r["best"]) and key == "objective" for r in table]
+        _bar_panel(ax, [r.get(key) for r in table], [r["status"] for r in table], spec, from_zero,
+                   marked)  # fmt: skip
         ax.set_title(title, fontsize=10)
     axes[0].set_yticks(range(len(table)), labels)
     axes[0].set_ylim(len(table) - 0.5, -0.5)  # job 0 on top, half a row of room at each end
@@ -311,7 +374,12 @@ def plot(path: Path, table: list[dict[str, Any]]) -> Path | None:
 
 
 def _bar_panel(
-    ax: Any, values: list[float | None], statuses: list[str], spec: str, from_zero: bool
+    ax: Any,
+    values: list[float | None],
+    statuses: list[str],
+    spec: str,
+    from_zero: bool,
+    marked: list[bool],
 ) -> None:
     known = [v for v in values if v is not None and math.isfinite(v)]
     low, high = _axis_range(known, from_zero)
@@ -319,7 +387,8 @@ def _bar_panel(
         if value is None or not math.isfinite(value):
             ax.text(low, i, f" {status}", va="center", color="tab:red")
             continue
-        ax.barh(i, value - low, left=low, color="tab:blue", height=0.6)
+        colour = "tab:green" if marked[i] else "tab:blue"  # the best job's objective
+        ax.barh(i, value - low, left=low, color=colour, height=0.6)
         ax.text(value, i, f" {format(value, spec)}", va="center", fontsize=9)
     ax.set_xlim(low, high + (high - low) * 0.3)  # room for the value written after each bar
     ax.grid(axis="x", alpha=0.3)

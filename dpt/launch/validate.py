@@ -67,6 +67,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_group(cfg.dataset, "dataset", DATASET_MINIMUMS)
     _validate_dataset_choices(cfg.dataset)
     _validate_early_stopping(cfg.trainer.early_stopping, cfg.dataset)
+    _validate_objective(cfg.sweep.objective, cfg.dataset)
     _validate_optimizer(cfg.optimizer)
     _validate_model(cfg.model)
     _validate_user_targets(cfg)
@@ -155,7 +156,7 @@ def _validate_early_stopping(es: DictConfig, dataset: DictConfig) -> None:
     _check_choice("trainer.early_stopping.metric", es.metric, VAL_METRICS)
     if es.patience is None:
         return  # off: the metric is never read
-    no_val = _no_validation(dataset)
+    no_val = no_validation(dataset)
     _check(no_val is None, "trainer.early_stopping.patience", es.patience,
            f"early stopping needs validation metrics, and {no_val} gives none")  # fmt: skip
     classes = dataset.get("num_classes")  # COCO's count is only known from its annotation file
@@ -164,7 +165,21 @@ def _validate_early_stopping(es: DictConfig, dataset: DictConfig) -> None:
            f"needs dataset.num_classes >= 5 (it is {classes}); use val/acc1")  # fmt: skip
 
 
-def _no_validation(dataset: DictConfig) -> str | None:
+def _validate_objective(name: str, dataset: DictConfig) -> None:
+    """A validation metric needs validation; `auto` falls back to the train loss by itself."""
+    from dpt.launch.objective import OBJECTIVES
+
+    _check_choice("sweep.objective", name, OBJECTIVES)
+    if name.startswith("val/"):
+        missing = no_validation(dataset)
+        _check(missing is None, "sweep.objective", name,
+               f"needs validation metrics, and {missing} gives none; use train/loss")  # fmt: skip
+        classes = dataset.get("num_classes")
+        _check(name != "val/acc5" or classes is None or classes >= 5, "sweep.objective", name,
+               f"needs dataset.num_classes >= 5 (it is {classes}); use val/acc1")  # fmt: skip
+
+
+def no_validation(dataset: DictConfig) -> str | None:
     """The setting that leaves this dataset without a validation split, or None."""
     if dataset.get("num_val_samples", 1) == 0:
         return "dataset.num_val_samples=0"
@@ -283,7 +298,7 @@ def _check_required(cfg: DictConfig) -> None:
 
 def _check_known_keys(cfg: DictConfig) -> None:
     """`+trainer.typo=1` slips past the schema (`+` may add keys); an unused key is still a typo."""
-    groups = ("trainer", "checkpoint", "monitor", *SCHEMAS)
+    groups = ("trainer", "checkpoint", "monitor", "sweep", *SCHEMAS)
     for name in groups:
         _check_node_keys(f"{name}.", cfg[name])
     _check_node_keys("", cfg, nested=False)

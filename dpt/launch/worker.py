@@ -23,7 +23,7 @@ from dpt.distributed import (
     init_process_group,
 )
 from dpt.errors import DptError, could_not_write, is_disk_full, one_line
-from dpt.launch import allocator, collector, run_lock
+from dpt.launch import allocator, collector, objective, run_lock
 from dpt.launch.rank_failure import describe
 from dpt.loop import resume_apply
 from dpt.loop.interrupt import Interrupted
@@ -162,6 +162,9 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         result = trainer.fit()
         summary = _summary(result, env, parts.global_batch, hparams)
         summary["best"] = parts.best_model.summary()
+        summary["objective"] = _objective(cfg, parts).record(summary)
+        if summary["objective"]["value"] is not None:  # HPARAMS lists it for every run
+            parts.metrics.scalars({"objective": summary["objective"]["value"]}, result.steps)
         weights = full_state_dict(parts.model)  # all ranks: fsdp gathers the shards to rank 0
         if env.is_main:
             log.info(
@@ -225,6 +228,13 @@ def _finished(
             f"continues from step {resumed.step}), or start a new run folder (hydra.run.dir=...)"
         )
     return summary
+
+
+def _objective(cfg: DictConfig, parts: Parts) -> objective.Objective:
+    """What this run reports to a search (sweep.objective; `auto`: the watched metric)."""
+    es = cfg.trainer.early_stopping
+    has_validation = parts.validation.loader is not None
+    return objective.resolve(cfg.sweep.objective, es.metric, es.mode, has_validation)
 
 
 def _log_start(parts: Parts) -> None:

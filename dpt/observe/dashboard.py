@@ -27,7 +27,8 @@ from dpt.config import VAL_METRICS
 TB_FOLDER = "tb"
 WORLD = "world"
 # The metrics HPARAMS lists for each session: tags of the world folder, their last value.
-SESSION_METRICS = ("train/loss", "train/samples_per_s", *VAL_METRICS)
+# `objective`: what the run reports to a search (sweep.objective), the same in every run.
+SESSION_METRICS = ("train/loss", "train/samples_per_s", *VAL_METRICS, "objective")
 # Custom scalars: one chart each, every rank's (and the world's) curve overlaid.
 OVERLAYS = {
     "loss": r"^train/loss$",
