@@ -12,7 +12,9 @@ images/s per loader worker), `sync` (gradient all-reduce bus bandwidth; dpt's pe
 per-window calls), `gpu` (ResNet-18 bf16 channels_last, synthetic and GPU-decoded JPEG; runs only
 where CUDA is available), `memory` (not run by default: ddp against fsdp, memory per rank and
 throughput for a 105 M-parameter MLP; about 2 GiB per ddp rank; writes only its own section of
-the report). benchmarks/README.md says more.
+the report), `monitor` (not run by default: the monitor's detectors timed in place per step, the
+MLP end to end with the monitor on and off, gradient diagnostics and grad_spike's norm; writes
+only its own section of the report). benchmarks/README.md says more.
 
 Every comparison alternates its contenders run by run (A, B, A, B, ...) and reports medians and
 paired ratios: on a shared machine single absolute times say little. Runs go to a temporary
@@ -31,12 +33,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import gpu, loops, memory, pipeline, startup, sync
+from benchmarks import gpu, loops, memory, monitor, pipeline, startup, sync
 from benchmarks.report import document
 from benchmarks.runner import REPO, Say
 
-SECTIONS = ("loops", "startup", "pipeline", "sync", "gpu", "memory")
-DEFAULT_SECTIONS = SECTIONS[:-1]
+SECTIONS = ("loops", "startup", "pipeline", "sync", "gpu", "memory", "monitor")
+DEFAULT_SECTIONS = SECTIONS[:-2]  # memory and monitor are measured on their own
 # Each section: (its arguments, a temporary folder, a progress printer) -> its results, by key.
 RUNNERS: dict[str, Callable[[argparse.Namespace, Path, Say], dict[str, Any]]] = {
     "loops": loops.run,
@@ -45,6 +47,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Path, Say], dict[str, Any]]] = 
     "sync": sync.run,
     "gpu": gpu.run,
     "memory": memory.run,
+    "monitor": monitor.run,
 }
 # Where the classes in results saved with --save before the benchmarks were a package now live.
 _MOVED = {"bench_common": "benchmarks.runner", "bench_runs": "benchmarks.jobs"}
