@@ -476,6 +476,8 @@ REDUCE_DTYPES = ("fp32", "bf16")
 # What validation reports (dpt/loop/evaluate.py); `val/acc5` needs 5 classes or more. `val/samples`
 # is reported too, but it counts samples: not a metric to stop on.
 VAL_METRICS = ("val/loss", "val/acc1", "val/acc5")
+# `sweep.objective`: what a search optimizes (dpt/launch/objective.py).
+OBJECTIVES = ("auto", *VAL_METRICS, "train/loss")
 # What each detector may do (dpt/monitor). A non-finite update cannot be applied and go on (warn),
 # nor be checkpointed (stop); a slowdown is no reason to undo or skip updates.
 SPIKE_ACTIONS = ("warn", "skip", "rollback", "stop", "off")

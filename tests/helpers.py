@@ -207,6 +207,24 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+# BatchNorm's running statistics: buffers, not weights (dpt's state dicts name them so).
+STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def weight_and_statistics_diff(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]
+) -> tuple[float, float]:
+    """(the weights' largest absolute difference, BatchNorm statistics' largest relative one).
+    Running statistics accumulate each step's batch variance, whose float32 sums another world
+    size orders otherwise: about 1e-7 of their size a step, the rounding of float32 itself."""
+    assert a.keys() == b.keys()
+    weights = [k for k in a if not k.endswith(STATISTICS)]
+    stats = [k for k in a if k.endswith(STATISTICS)]
+    weight_diff = max((a[k] - b[k]).abs().max().item() for k in weights)
+    relative = [((a[k] - b[k]).abs() / b[k].abs().clamp_min(1.0)).max().item() for k in stats]
+    return weight_diff, max(relative, default=0.0)
+
+
 def listening_sockets(pid: int) -> set[tuple[str, int]]:
     """The TCP addresses and ports process `pid` listens on, in its own network namespace."""
     inodes = set()

@@ -15,8 +15,8 @@ from tests.helpers import run_cmd
 PROBE = """
 import atexit, sys, threading, time
 atexit.register(lambda: print("exit handler ran", file=sys.stderr, flush=True))
-def work():
-    time.sleep(0.5)
+def work():  # still running when the command's one line comes, even on a loaded machine
+    time.sleep(3)
     print("thread finished", file=sys.stderr, flush=True)
 threading.Thread(target=work).start()
 from concurrent.futures import ThreadPoolExecutor  # its thread stops at threading's shutdown

@@ -24,6 +24,7 @@ from tests.helpers import (
     read_checkpoint,
     run_until,
     train,
+    weight_and_statistics_diff,
     write_shards,
 )
 from tests.http_server import serve
@@ -99,11 +100,14 @@ def test_shards_over_http_killed_on_2_ranks_resume_on_1_to_the_uninterrupted_wei
     assert "resumed from" in resumed.stdout
     assert "resuming at sample" not in resumed.stdout  # the same global batch: same samples
     weights = load_weights(tmp_path / "full")
-    assert max_abs_diff(weights, load_weights(tmp_path / "cut")) < 1e-6
+    # The weights within 1e-6 (measured 1.5e-8); BatchNorm's running variances, sums of squares
+    # that one process and 2 ranks round otherwise, within 1e-6 of their size (measured 8e-7).
+    weight_diff, stats_diff = weight_and_statistics_diff(weights, load_weights(tmp_path / "cut"))
+    assert weight_diff < 1e-6 and stats_diff < 2e-6, (weight_diff, stats_diff)
     local = train(tmp_path / "local", *_resnet(str(shards), tmp_path / "unused"), *DDP, timeout=240)
     assert "cached in" not in local.stdout  # a folder is read in place
     assert not (tmp_path / "unused").exists()
-    assert max_abs_diff(weights, load_weights(tmp_path / "local")) < 1e-6
+    assert max_abs_diff(weights, load_weights(tmp_path / "local")) < 1e-6  # the same 2 ranks
     # The control: the weights one step before the end are far from the end's, so a sample
     # out of place would show.
     step_6 = read_checkpoint(tmp_path / "full" / "checkpoints" / "step-00000006")["model"]

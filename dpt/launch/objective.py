@@ -16,11 +16,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from dpt.config import VAL_METRICS
+from dpt.config import OBJECTIVES
 
-AUTO = "auto"
-TRAIN_LOSS = "train/loss"
-OBJECTIVES = (AUTO, *VAL_METRICS, TRAIN_LOSS)
+AUTO, TRAIN_LOSS = OBJECTIVES[0], OBJECTIVES[-1]
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from dpt.config import (
     DEVICES,
     MAX_SEED,
     NONFINITE_ACTIONS,
+    OBJECTIVES,
     PRECISIONS,
     REDUCE_DTYPES,
     RESNET_ARCHS,
@@ -167,8 +168,6 @@ def _validate_early_stopping(es: DictConfig, dataset: DictConfig) -> None:
 
 def _validate_objective(name: str, dataset: DictConfig) -> None:
     """A validation metric needs validation; `auto` falls back to the train loss by itself."""
-    from dpt.launch.objective import OBJECTIVES
-
     _check_choice("sweep.objective", name, OBJECTIVES)
     if name.startswith("val/"):
         missing = no_validation(dataset)

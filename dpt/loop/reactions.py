@@ -77,7 +77,8 @@ def roll_back(trainer: LoopState, events: list[Event], event: Event) -> None:
     if history.rollbacks >= limit:
         why = f"monitor.max_rollbacks={limit} reached"
     elif target is None:
-        why = f"no checkpoint of this run before step {event.step} (checkpoint.every_n_steps)"
+        why = (f"no checkpoint of this run before step {event.step} to return to (set "
+               "checkpoint.every_n_steps)")  # fmt: skip
     if why is not None:
         event.action, event.note = "error", f"asked for a rollback: {why}"
         _record(trainer, events)
