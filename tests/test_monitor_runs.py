@@ -45,11 +45,11 @@ POISONED = [
     "dataset.num_samples=2176",
     "dataset.poison_start=1024",
     "dataset.poison_end=1152",
-    "trainer.epochs=3",
+    "trainer.epochs=2",
     "trainer.log_every_n_steps=4",
     "checkpoint.every_n_steps=16",  # a rolled-back epoch has 32 steps: one falls before its window
     "monitor.loss_spike.warmup=12",  # judged from step 13, before the first window
-    "monitor.max_rollbacks=6",  # two a window, in each of 3 epochs
+    "monitor.max_rollbacks=4",  # two a window, in each of 2 epochs
 ]
 WINDOW = (1024, 1152)
 
@@ -87,9 +87,8 @@ def poisoned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_warn_says_where_and_changes_nothing(poisoned: dict[str, Path]) -> None:
     # Steps 17 and 18 of every epoch of 34 steps; the updates are applied as without a monitor.
     assert _events(poisoned["warn"]) == [
-        (s, e, "loss_spike", "warn", 0) for e, s in ((0, 17), (0, 18), (1, 51), (1, 52),
-                                                      (2, 85), (2, 86))
-    ]  # fmt: skip
+        (s, e, "loss_spike", "warn", 0) for e, s in ((0, 17), (0, 18), (1, 51), (1, 52))
+    ]
     assert max_abs_diff(load_weights(poisoned["warn"]), load_weights(poisoned["off"])) == 0.0
     assert _events(poisoned["off"]) == []
 
@@ -98,10 +97,8 @@ def test_skip_withholds_exactly_the_window_updates(poisoned: dict[str, Path]) ->
     """The spiking steps count, but their updates are not applied: with a constant learning
     rate that is the run that never saw the window, to the bit."""
     events = _events(poisoned["skip"])
-    assert [(s, a, n) for s, _, _, a, n in events] == [
-        (s, "skip", 64) for s in (17, 18, 51, 52, 85, 86)
-    ]
-    assert _metrics(poisoned["skip"])["steps"] == 3 * 34
+    assert [(s, a, n) for s, _, _, a, n in events] == [(s, "skip", 64) for s in (17, 18, 51, 52)]
+    assert _metrics(poisoned["skip"])["steps"] == 2 * 34
     assert max_abs_diff(load_weights(poisoned["skip"]), load_weights(poisoned["dropped"])) < 1e-6
 
 
@@ -113,26 +110,26 @@ def test_rollback_returns_before_the_spike_and_skips_exactly_the_window(
     # Each epoch: batch 17 spikes at its step 17, back to step 16; batch 18, trained as step 17
     # next, spikes, back to 16 again. A rolled-back epoch has 32 steps.
     assert [(e["step"], e["rollback_to"], e["epoch"]) for e in events] == [
-        (17, 16, 0), (17, 16, 0), (49, 48, 1), (49, 48, 1), (81, 80, 2), (81, 80, 2)
+        (17, 16, 0), (17, 16, 0), (49, 48, 1), (49, 48, 1)
     ]  # fmt: skip
-    for epoch in range(3):
+    for epoch in range(2):
         ranges = [e["skipped"] for e in events if e["epoch"] == epoch]
         skipped = set().union(*(range(a, b) for a, b in ranges))  # shuffle=false: indices
         assert skipped == set(range(*WINDOW)), epoch
         assert sum(e["skipped_samples"] for e in events if e["epoch"] == epoch) == 128
     assert all(e["value"] > 100 * e["level"] for e in events)
-    assert _metrics(run)["steps"] == 3 * 32
+    assert _metrics(run)["steps"] == 2 * 32
     # It ends where the run that never saw the window ends: the same weights, the same loss.
     dropped = _metrics(poisoned["dropped"])["final_loss"]
     assert _metrics(run)["final_loss"] == pytest.approx(dropped, rel=0.01)
     assert max_abs_diff(load_weights(run), load_weights(poisoned["dropped"])) < 1e-6
     # TensorBoard: a point on the detector's curve at each event's step, the lines as text.
     world = job_tb(poisoned["sweep"], 3) / "world"
-    assert [step for step, _ in _scalars(world, "monitor/loss_spike")] == [17, 49, 81]
+    assert [step for step, _ in _scalars(world, "monitor/loss_spike")] == [17, 49]
     acc = EventAccumulator(str(world), size_guidance={"tensors": 0})
     acc.Reload()
     texts = [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("monitor/events")]
-    assert len(texts) == 6 and "rolled back to step 16" in texts[0]
+    assert len(texts) == 4 and "rolled back to step 16" in texts[0]
 
 
 def test_the_sweep_counts_each_jobs_events_and_diagnostics_reach_tensorboard(
@@ -140,11 +137,11 @@ def test_the_sweep_counts_each_jobs_events_and_diagnostics_reach_tensorboard(
 ) -> None:
     rows = {row["overrides"].split("=")[-1]: row for row in summary(poisoned["sweep"])}
     assert {name: int(row["events"]) for name, row in rows.items()} == {
-        "off": 0, "warn": 6, "skip": 6, "rollback": 6
+        "off": 0, "warn": 4, "skip": 4, "rollback": 4
     }  # fmt: skip
     world = job_tb(poisoned["sweep"], 0) / "world"
     norms = _scalars(world, "grads/0/norm")
-    assert [step for step, _ in norms] == list(range(8, 3 * 34 + 1, 8))
+    assert [step for step, _ in norms] == list(range(8, 2 * 34 + 1, 8))
     assert all(value > 0 for _, value in _scalars(world, "grads/4/update_ratio"))
 
 
@@ -257,12 +254,12 @@ RESNET_CLEAN = ["model=resnet18", "dataset=fake_images", "dataset.image_size=16"
 CLEAN_IN_WORLD = {
     "mlp-ddp-0": [*MLP_CLEAN, "strategy=ddp", "trainer.seed=0"],
     "mlp-fsdp-1": [*MLP_CLEAN, "strategy=fsdp", "trainer.seed=1"],
-    "resnet-ddp-3": [*RESNET_CLEAN, "strategy=ddp", "trainer.seed=3"],
 }
 CLEAN_SINGLE = {
     "mlp-single-0": [*MLP_CLEAN, "trainer.seed=0", "trainer.batch_size=64"],
     "mlp-single-1": [*MLP_CLEAN, "trainer.seed=1", "trainer.batch_size=64"],
     "mlp-single-2": [*MLP_CLEAN, "trainer.seed=2", "trainer.batch_size=64"],
+    "resnet-single-3": [*RESNET_CLEAN, "trainer.seed=3", "trainer.batch_size=8"],
     "resnet-single-4": [*RESNET_CLEAN, "trainer.seed=4", "trainer.batch_size=8"],
 }
 
@@ -286,9 +283,8 @@ def _clean_world(rank: int, world: int, port: int, out: Path) -> None:
 
 @pytest.mark.timeout(400)
 def test_clean_runs_raise_no_event(tmp_path: Path) -> None:
-    """The MLP on 3 seeds under single, and under ddp and fsdp; ResNet-18 on 2 seeds, under
-    single and ddp: no event, while both spike detectors judged every step past their
-    warm-up."""
+    """The MLP on 3 seeds under single, and under ddp and fsdp; ResNet-18 on 2 seeds: no event,
+    while both spike detectors judged every step past their warm-up."""
     mp.spawn(_clean_world, args=(2, free_port(), tmp_path), nprocs=2, join=True)
     judged = json.loads((tmp_path / "judged.json").read_text())
     cpu = env_from_environment("cpu")
