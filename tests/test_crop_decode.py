@@ -77,12 +77,38 @@ BOX_DECODER, GENERAL_DECODERS = "box decoder", "general decoders"
 @pytest.fixture(params=[BOX_DECODER, GENERAL_DECODERS])
 def decoders(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Which decoders a JPEG goes through: dpt's box decoder (skipped where it was not built), or
-    the ones an installation without it uses (PIL's draft, decode_jpeg)."""
+    the ones an installation without the compiled parts uses (PIL's draft, decode_jpeg, torch's
+    normalization)."""
     if request.param == BOX_DECODER and not crop_decode.BOX_DECODER:
         pytest.skip("the box decoder was not built")
     if request.param == GENERAL_DECODERS:
         monkeypatch.setattr(crop_decode, "_jpeg_box", None)
+        monkeypatch.setattr(crop_decode, "_normalize", None)
     return request.param
+
+
+GENERATOR = torch.Generator().manual_seed(0)
+
+
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize(("height", "width"), [(224, 224), (5, 7), (1, 1), (3, 1100)])
+def test_the_compiled_normalization_is_torchs_bit_for_bit(
+    height: int, width: int, flip: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if crop_decode._normalize is None:
+        pytest.skip("dpt.data._normalize was not built")
+    normalize = crop_decode._Normalize()
+    pixels = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=GENERATOR)
+    image = pixels.permute(2, 0, 1)  # as the resize leaves it: planes over (h, w, 3) pixels
+    planar = image.contiguous()  # another layout: torch's passes
+    compiled, other_layout = normalize(image, flip), normalize(planar, flip)
+    monkeypatch.setattr(crop_decode, "_normalize", None)
+    expected = normalize(image, flip)
+    assert expected.is_contiguous() and compiled.is_contiguous()
+    assert compiled.dtype == torch.float32 and compiled.shape == (3, height, width)
+    assert torch.equal(compiled, expected) and torch.equal(other_layout, expected)
+    unflipped = normalize(image, False)
+    assert torch.equal(expected, unflipped.flip(-1) if flip else unflipped)
 
 
 def _calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[tuple[Any, ...]]:

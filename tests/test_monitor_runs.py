@@ -201,8 +201,11 @@ def test_a_loader_that_slows_down_is_a_slowdown_event(tmp_path: Path) -> None:
     [event] = read_events(tmp_path)
     assert (event["detector"], event["signal"], event["action"]) == ("slowdown", "step_time",
                                                                      "warn")  # fmt: skip
-    assert event["step"] == 10 and event["value"] > 3  # the second slow span: its patience
-    assert "monitor: slowdown (step_time) at step 10" in result.stdout
+    # The second slow span meets the patience (step 10); a fast span the machine's other work
+    # slowed just before step 9 can start the streak one span early (step 9). Earlier would be a
+    # false alarm, later a missed slowdown.
+    assert event["step"] in (9, 10) and event["value"] > 3
+    assert f"monitor: slowdown (step_time) at step {event['step']}" in result.stdout
 
 
 def test_stop_checkpoints_and_ends_with_exit_1(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ pixels on both sides it is decoded at 1/2 (1/4, 1/8) of the image's size (DCT sc
 inverse transform of each 8x8 block is computed at 4x4, 2x2 or 1x1, and colour conversion runs on
 fewer pixels) and still holds at least S x S pixels, so the output loses nothing. The box is then
 resampled by torch's antialiased bilinear kernel on uint8 (the one torchvision's `resize` runs),
-flipped, and converted to normalized float32.
+then flipped and converted to normalized float32 in one vectorized pass (dpt/data/_normalize.c,
+torch's float rounding bit for bit; torch's passes where it was not built).
 
 Where the box decoder was not built (no compiler or no libjpeg-turbo headers at install time) or
 does not take the JPEG (CMYK, not 8-bit, a libjpeg error), the general decoders make the same
@@ -35,12 +36,13 @@ the distributions of the crops and of the pixels do not. Without a reduction the
 `train_transform(S)`'s to float rounding. Grayscale and CMYK JPEGs come out RGB.
 
 What it buys, on 640x480 photo-like JPEGs, one thread (docs/performance.md section 3): at 224 px the
-whole sample runs at about 0.86 of decoding the image alone (0.63 through the general decoders); at
+whole sample runs at about 0.94 of decoding the image alone (0.63 through the general decoders); at
 128 px, where 3 crops in 4 also decode at 1/2, faster than decoding alone. What is left at 224 px:
 the entropy (Huffman) decoding of every row down to the box's last, which a JPEG without restart
 markers does not let any decoder skip, is most of the box's decode (together about 2/3 of a whole
-decode); resampling the box takes about 0.3 ms, the float conversion and normalization 0.1 ms,
-torchvision's draws 0.05 ms (a whole decode: 1.4 ms on the same core).
+decode); resampling the box takes about 0.25 ms, torchvision's draws 0.05-0.1 ms, the flip and
+normalization 0.03-0.05 ms (0.11-0.14 ms as torch's flip copy, converting copy and two in-place
+passes; the ratio was 0.84-0.89 with them) (a whole decode: 1.4 ms on the same core).
 
 Tried, and slower: libjpeg-turbo also scales by M/8 for M = 3, 5, 6, 7, which would decode every
 crop larger than S at just over S pixels; but its inverse transforms at those sizes are plain C
@@ -79,6 +81,10 @@ try:  # dpt's compiled box decoder (setup.py), where libjpeg-turbo's headers wer
     from dpt.data import _jpeg_box
 except ImportError:  # the general decoders: the same samples, from more decoding
     _jpeg_box = None
+try:  # the crop to normalized float32 in one pass (setup.py), where a compiler was there
+    from dpt.data import _normalize
+except ImportError:  # torch's passes: the same floats, more slowly
+    _normalize = None
 
 # Whether JPEG boxes are decoded alone (dpt.data._jpeg_box) in this installation.
 BOX_DECODER = _jpeg_box is not None
@@ -120,10 +126,7 @@ class RandomResizedCropDecode:
         top, left, h, w = RandomResizedCrop.get_params(encoded.header, CROP_SCALE, CROP_RATIO)
         flip = bool(torch.rand(1) < FLIP_P)
         crop = encoded.crop(left, top, w, h, jpeg_reduction(w, h, size, size))
-        resized = _resize(crop, size)
-        if flip:
-            resized = resized.flip(-1)
-        return self._normalize(resized)
+        return self._normalize(_resize(crop, size), flip)
 
 
 class _Encoded:
@@ -216,14 +219,27 @@ class _Encoded:
 
 
 class _Normalize:
-    """uint8 (3, S, S), any strides, to contiguous float32 (x / 255 - mean) / std."""
+    """uint8 (3, S, S), any strides, flipped left-right or not, to contiguous float32
+    (x / 255 - mean) / std."""
 
     def __init__(self) -> None:
         std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
         self.scale = 1.0 / (255.0 * std)
         self.bias = -torch.tensor(IMAGENET_MEAN).view(3, 1, 1) / std
+        # The same float32 constants for the compiled pass (exact as Python floats).
+        self.constants = (*self.scale.flatten().tolist(), *self.bias.flatten().tolist())
 
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+    def __call__(self, image: torch.Tensor, flip: bool) -> torch.Tensor:
+        pixels = image.permute(1, 2, 0)  # (h, w, 3): how the resize leaves a box's pixels
+        if _normalize is not None and pixels.is_contiguous():
+            # One vectorized pass (dpt/data/_normalize.c): 0.03-0.05 ms at 224 px against
+            # 0.11-0.14 ms for the passes below, the same floats bit for bit.
+            height, width, _ = pixels.shape
+            out = torch.empty((3, height, width), dtype=torch.float32)
+            _normalize.normalize(pixels.numpy(), height, width, flip, *self.constants, out.numpy())
+            return out
+        if flip:
+            image = image.flip(-1)
         out = image.to(torch.float32, memory_format=torch.contiguous_format)
         # Three vectorized passes in place, measured at 0.05 ms for 224 px: less than half of
         # one addcmul from the uint8 (0.11 ms), which torch runs unvectorized on mixed dtypes.
