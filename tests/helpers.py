@@ -289,6 +289,20 @@ def compose(*overrides: str) -> Any:
 
 
 @contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's CPU ops on one intra-op thread for the `with`: small models gain nothing from
+    threads, and on a busy 2-core machine (the other pytest worker's runs) a thread pool waiting
+    for its slowest thread makes a step many times slower. What dpt gives each rank of a world
+    that fills the machine (dpt/launch/worker.py)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
 def joined_world(rank: int, world: int, port: int) -> Iterator[Any]:
     """This process as rank `rank` of a CPU world on 127.0.0.1:`port` (for mp.spawn tests).
 
@@ -296,11 +310,15 @@ def joined_world(rank: int, world: int, port: int) -> Iterator[Any]:
     without the interpreter's finalization, as dpt's own local ranks do (a forked
     multiprocessing child ends with `os._exit`). Under torch 2.14 a spawned Gloo rank that
     finalizes can abort there ("terminate called without an active exception", SIGABRT) after
-    its work is done: 9 of 25 two-rank worlds here, 0 of 25 leaving this way.
+    its work is done: 9 of 25 two-rank worlds here, 0 of 25 leaving this way. Its CPU threads
+    are limited as dpt limits a local rank's (the cores shared among the world's ranks): more
+    threads than cores, with the other pytest worker's runs beside them, make every step wait
+    for a thread that lost its core.
     """
     import multiprocessing
 
     from dpt.distributed import destroy_process_group, env_from_environment, init_process_group
+    from dpt.launch.worker import limit_cpu_threads
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -311,6 +329,8 @@ def joined_world(rank: int, world: int, port: int) -> Iterator[Any]:
         LOCAL_WORLD_SIZE=str(world),
     )
     env = env_from_environment("cpu")
+    if multiprocessing.parent_process() is not None:  # not the test process's own threads
+        limit_cpu_threads(env)
     init_process_group(env, timeout_s=60)
     try:
         yield env

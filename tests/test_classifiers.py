@@ -18,7 +18,7 @@ from dpt.errors import ConfigError, DptError
 from dpt.models import build_model
 from dpt.models.blocks import blocks, recompute_in_backward
 from dpt.models.classifiers import check_name, classification_models, torchvision_classifier
-from tests.helpers import compose
+from tests.helpers import compose, one_thread
 
 IMAGES = (3, 32, 32)
 LIST_HINT = (
@@ -28,12 +28,9 @@ LIST_HINT = (
 
 @pytest.fixture(autouse=True)
 def _one_thread() -> Iterator[None]:
-    """Batches of 4 at 32 px gain nothing from threads, and on a busy machine a thread pool
-    waiting for its slowest thread makes a step 100 times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    """Batches of 4 at 32 px gain nothing from threads (tests/helpers.one_thread)."""
+    with one_thread():
+        yield
 
 
 def _build(name: str, weights: Path | None = None, **options: Any) -> nn.Module:

@@ -28,6 +28,7 @@ from tests.helpers import (
     joined_world,
     load_weights,
     max_abs_diff,
+    one_thread,
     run_cmd,
     run_until,
     summary,
@@ -291,8 +292,9 @@ def test_clean_runs_raise_no_event(tmp_path: Path) -> None:
     mp.spawn(_clean_world, args=(2, free_port(), tmp_path), nprocs=2, join=True)
     judged = json.loads((tmp_path / "judged.json").read_text())
     cpu = env_from_environment("cpu")
-    judged |= {name: _clean_run(tmp_path / name, cpu, overrides)
-               for name, overrides in CLEAN_SINGLE.items()}  # fmt: skip
+    with one_thread():
+        judged |= {name: _clean_run(tmp_path / name, cpu, overrides)
+                   for name, overrides in CLEAN_SINGLE.items()}  # fmt: skip
     for name, overrides in {**CLEAN_IN_WORLD, **CLEAN_SINGLE}.items():
         assert not (tmp_path / name / "events.jsonl").exists(), name
         steps = int(next(o for o in overrides if "max_steps" in o).split("=")[1])

@@ -141,7 +141,7 @@ def _exit_reporting(error: Exception, timeout_s: float, roll_call: RollCall) -> 
 def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     log_file = run_dir / "logs" / f"rank{env.rank}.log"
     setup_logging(f"rank {env.rank}", log_file)
-    _limit_cpu_threads(env)
+    limit_cpu_threads(env)
     run_cfg = RunConfig.of(cfg)
     parts = build_parts(run_cfg, env, run_dir, log_file)
     trainer = Trainer(parts)
@@ -252,7 +252,7 @@ def _log_start(parts: Parts) -> None:
     )
 
 
-def _limit_cpu_threads(env: DistEnv) -> None:
+def limit_cpu_threads(env: DistEnv) -> None:
     """Several ranks on one CPU must share its cores, as torchrun does with OMP_NUM_THREADS."""
     if (
         env.device.type == "cpu"
