@@ -101,7 +101,7 @@ def test_shards_over_http_killed_on_2_ranks_resume_on_1_to_the_uninterrupted_wei
     assert "resuming at sample" not in resumed.stdout  # the same global batch: same samples
     weights = load_weights(tmp_path / "full")
     # The weights within 1e-6 (measured 1.5e-8); BatchNorm's running variances, sums of squares
-    # that one process and 2 ranks round otherwise, within 1e-6 of their size (measured 8e-7).
+    # that one process and 2 ranks round otherwise, within 2e-6 of their size (measured 8e-7).
     weight_diff, stats_diff = weight_and_statistics_diff(weights, load_weights(tmp_path / "cut"))
     assert weight_diff < 1e-6 and stats_diff < 2e-6, (weight_diff, stats_diff)
     local = train(tmp_path / "local", *_resnet(str(shards), tmp_path / "unused"), *DDP, timeout=240)

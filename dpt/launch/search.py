@@ -124,7 +124,7 @@ class Search:
         again with their parameters, once each."""
         from optuna.trial import TrialState
 
-        retried = {t.user_attrs.get(RETRY_OF) for t in study.get_trials(deepcopy=False)}
+        retried = _retried(study.get_trials(deepcopy=False))
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             study.tell(trial.number, state=TrialState.FAIL)
             if trial.number not in retried:
@@ -157,9 +157,14 @@ def finished(study: Any) -> list[Any]:
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
-    retried = {t.user_attrs.get(RETRY_OF) for t in trials}
+    retried = _retried(trials)
     return [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
             and t.number not in retried]  # fmt: skip
+
+
+def _retried(trials: list[Any]) -> set[int]:
+    """The numbers of the trials cut short that a later trial runs again (its `retry_of`)."""
+    return {t.user_attrs[RETRY_OF] for t in trials if RETRY_OF in t.user_attrs}
 
 
 def tell(study: Any, trial: Any, ret: JobReturn) -> bool:

@@ -160,10 +160,7 @@ def _validate_early_stopping(es: DictConfig, dataset: DictConfig) -> None:
     no_val = no_validation(dataset)
     _check(no_val is None, "trainer.early_stopping.patience", es.patience,
            f"early stopping needs validation metrics, and {no_val} gives none")  # fmt: skip
-    classes = dataset.get("num_classes")  # COCO's count is only known from its annotation file
-    _check(es.metric != "val/acc5" or classes is None or classes >= 5,
-           "trainer.early_stopping.metric", es.metric,
-           f"needs dataset.num_classes >= 5 (it is {classes}); use val/acc1")  # fmt: skip
+    _check_top5_classes("trainer.early_stopping.metric", es.metric, dataset)
 
 
 def _validate_objective(name: str, dataset: DictConfig) -> None:
@@ -173,9 +170,14 @@ def _validate_objective(name: str, dataset: DictConfig) -> None:
         missing = no_validation(dataset)
         _check(missing is None, "sweep.objective", name,
                f"needs validation metrics, and {missing} gives none; use train/loss")  # fmt: skip
-        classes = dataset.get("num_classes")
-        _check(name != "val/acc5" or classes is None or classes >= 5, "sweep.objective", name,
-               f"needs dataset.num_classes >= 5 (it is {classes}); use val/acc1")  # fmt: skip
+        _check_top5_classes("sweep.objective", name, dataset)
+
+
+def _check_top5_classes(key: str, metric: str, dataset: DictConfig) -> None:
+    """val/acc5 needs 5 classes or more (every class is in the top 5 otherwise)."""
+    classes = dataset.get("num_classes")  # COCO's count is only known from its annotation file
+    _check(metric != "val/acc5" or classes is None or classes >= 5, key, metric,
+           f"needs dataset.num_classes >= 5 (it is {classes}); use val/acc1")  # fmt: skip
 
 
 def no_validation(dataset: DictConfig) -> str | None:
