@@ -258,6 +258,8 @@ RESNET_CLEAN = ["model=resnet18", "dataset=fake_images", "dataset.image_size=16"
 CLEAN_IN_WORLD = {
     "mlp-ddp-0": [*MLP_CLEAN, "strategy=ddp", "trainer.seed=0"],
     "mlp-fsdp-1": [*MLP_CLEAN, "strategy=fsdp", "trainer.seed=1"],
+    "resnet-ddp-5": [*RESNET_CLEAN, "strategy=ddp", "trainer.seed=5"],
+    "resnet-fsdp-6": [*RESNET_CLEAN, "strategy=fsdp", "trainer.seed=6"],
 }
 CLEAN_SINGLE = {
     "mlp-single-0": [*MLP_CLEAN, "trainer.seed=0", "trainer.batch_size=64"],
@@ -287,8 +289,9 @@ def _clean_world(rank: int, world: int, port: int, out: Path) -> None:
 
 @pytest.mark.timeout(400)
 def test_clean_runs_raise_no_event(tmp_path: Path) -> None:
-    """The MLP on 3 seeds under single, and under ddp and fsdp; ResNet-18 on 2 seeds: no event,
-    while both spike detectors judged every step past their warm-up."""
+    """The MLP on 3 seeds under single, and under ddp and fsdp; ResNet-18 on 2 seeds under single,
+    and under ddp and fsdp: no event, while both spike detectors judged every step past their
+    warm-up."""
     mp.spawn(_clean_world, args=(2, free_port(), tmp_path), nprocs=2, join=True)
     judged = json.loads((tmp_path / "judged.json").read_text())
     cpu = env_from_environment("cpu")
