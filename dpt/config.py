@@ -21,12 +21,15 @@ from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from dpt.errors import DptError, one_line
+from dpt.targets import Targets
 
 
 @dataclass
 class EarlyStoppingConfig:
-    metric: str = "val/loss"
-    mode: str = "min"
+    # The task's watched metric by default (task.watch, in task.mode): val/loss (min) for
+    # classification, binary and regression, val/map (max) for multilabel.
+    metric: str = "${task.watch}"
+    mode: str = "${task.mode}"
     patience: int | None = None  # null = off
     min_delta: float = 0.0
 
@@ -241,6 +244,158 @@ class FakeImagesConfig:
     shuffle: bool = MISSING
 
 
+# --- tasks: what is learned (dpt/tasks) ---------------------------------------------------------
+# Each schema names, as class variables (known without torch, before any process starts), the
+# task's kind for the fit rules (dpt/tasks/fit.py) and the validation metrics it reports
+# (`reports`: their names without `val/`; `higher`: those that are better when higher).
+
+
+@dataclass
+class ClassificationTaskConfig:
+    """One class per sample: logits (B, K), integer labels; cross-entropy."""
+
+    _target_: str = "dpt.tasks.classification.Classification"
+    kind: ClassVar[str] = "classification"
+    reports: ClassVar[tuple[str, ...]] = ("loss", "acc1", "acc5")  # acc5 with 5 classes or more
+    higher: ClassVar[tuple[str, ...]] = ("acc1", "acc5")
+    label_smoothing: float = MISSING  # training's cross-entropy only (val/loss is plain)
+    watch: str = MISSING  # the metric model_best.pt, early stopping and sweep.objective=auto watch
+    mode: str = MISSING  # min or max: which way the watched metric is better
+
+
+@dataclass
+class BinaryTaskConfig:
+    """One logit per target column, 0/1 targets; binary cross-entropy on the logits."""
+
+    _target_: str = "dpt.tasks.binary.Binary"
+    kind: ClassVar[str] = "binary"
+    reports: ClassVar[tuple[str, ...]] = ("loss", "acc", "auroc", "f1")
+    higher: ClassVar[tuple[str, ...]] = ("acc", "auroc", "f1")
+    pos_weight: Any = MISSING  # null, a number, or one per target column: weight of positives
+    threshold: float = MISSING  # a probability at or above it predicts 1 (acc, f1, dpt-predict)
+    watch: str = MISSING
+    mode: str = MISSING
+
+
+@dataclass
+class MultilabelTaskConfig:
+    """K labels per sample, any number of them present: logits (B, K), K-hot targets."""
+
+    _target_: str = "dpt.tasks.multilabel.Multilabel"
+    kind: ClassVar[str] = "multilabel"
+    reports: ClassVar[tuple[str, ...]] = ("loss", "map", "f1")  # macro over the labels
+    higher: ClassVar[tuple[str, ...]] = ("map", "f1")
+    pos_weight: Any = MISSING
+    threshold: float = MISSING
+    watch: str = MISSING
+    mode: str = MISSING
+
+
+@dataclass
+class RegressionTaskConfig:
+    """Float targets of any shape; the output has as many numbers per sample."""
+
+    _target_: str = "dpt.tasks.regression.Regression"
+    kind: ClassVar[str] = "regression"
+    reports: ClassVar[tuple[str, ...]] = ("loss", "mse", "mae", "r2")
+    higher: ClassVar[tuple[str, ...]] = ("r2",)
+    loss: str = MISSING  # mse, l1 or huber
+    huber_delta: float = MISSING  # task.loss=huber: where it turns from squared to linear
+    watch: str = MISSING
+    mode: str = MISSING
+
+
+@dataclass
+class CustomTaskConfig:
+    """Your own loss and metrics, each a `_target_` node."""
+
+    _target_: str = "dpt.tasks.custom.Custom"
+    # The nodes below are built by the task (a loss function is not called at build time).
+    _recursive_: bool = False
+    kind: ClassVar[str] = "custom"
+    # An nn.Module class (built with the node's other keys) or a function
+    # (outputs, targets) -> scalar (its other keys bound as keyword arguments).
+    loss: Any = MISSING
+    # name -> a torchmetrics Metric `_target_` node: val/<name>, updated with (outputs, targets).
+    metrics: dict[str, Any] = MISSING
+    # What dpt-predict writes of an output: values (as the model gives them), sigmoid
+    # (probabilities per output) or softmax (class probabilities).
+    predict: str = MISSING
+    watch: str = MISSING
+    mode: str = MISSING
+
+
+TASK_KINDS = ("classification", "binary", "multilabel", "regression", "custom")
+PREDICT_OUTPUTS = ("values", "sigmoid", "softmax")
+REGRESSION_LOSSES = ("mse", "l1", "huber")
+WATCH_MODES = ("min", "max")
+
+
+def task_schema(task: DictConfig) -> type | None:
+    """The composed `task`'s schema: its own type, or (in a rank, whose config was rebuilt from
+    plain values) the built-in schema of its `_target_`; None for a task class of yours."""
+    schema = OmegaConf.get_type(task)
+    if schema in SCHEMAS["task"].values():
+        return schema
+    target = task.get("_target_")
+    return next((s for s in SCHEMAS["task"].values() if s._target_ == target), None)
+
+
+def task_kind(task: DictConfig) -> str:
+    """The composed `task`'s kind; a task class of yours counts as custom."""
+    return str(getattr(task_schema(task), "kind", "custom"))
+
+
+def val_metrics(task: DictConfig) -> tuple[str, ...]:
+    """The validation metrics `task` reports (`val/<name>`; `val/samples` is a count, left out)."""
+    if task_kind(task) == "custom":
+        return ("val/loss", *(f"val/{name}" for name in task.get("metrics") or {}))
+    return tuple(f"val/{name}" for name in getattr(task_schema(task), "reports", ()))
+
+
+def higher_is_better(task: DictConfig, metric: str) -> bool | None:
+    """Whether `metric` (val/<name>) is better higher; None where only its class could say (a
+    custom metric that is not the watched one)."""
+    name = metric.removeprefix("val/")
+    if name == "loss":
+        return False
+    if task_kind(task) != "custom":
+        return name in getattr(task_schema(task), "higher", ())
+    if metric == task.get("watch"):
+        return task.mode == "max"
+    return None
+
+
+@dataclass
+class CustomDatasetConfig:
+    """Plain `torch.utils.data.Dataset` classes of yours (dpt/data/custom.py): each item an
+    (input, target) pair; the input shape is read from the first training sample."""
+
+    _target_: str = "dpt.data.custom.CustomData"
+    _recursive_: bool = False  # the nodes below are built by CustomData, each with its own keys
+    train: Any = MISSING  # `_target_`: your Dataset class (or function), and its keys
+    val: Any = MISSING  # the same for validation, or null: no validation
+    # task=classification: how many classes (labels 0 .. N-1); other tasks read the targets.
+    num_classes: int | None = MISSING
+    classes: list[str] | None = MISSING  # names of the classes or outputs in order; null: 0, 1..
+    num_workers: int = MISSING
+    # false: every epoch in index order (dpt applies it: the target never sees it)
+    shuffle: bool = MISSING
+
+
+def declared_targets(dataset: DictConfig) -> Targets | None:
+    """What the samples' targets are, as a config of dpt's own data sets says (None: a data set
+    of yours, known only once built)."""
+    schema = OmegaConf.get_type(dataset)
+    if schema is CocoConfig and dataset.label_policy == "all":
+        return Targets(integer=False, shape=(-1,))  # K-hot over the categories
+    if schema in (SyntheticConfig, FakeImagesConfig):
+        return Targets.labels(dataset.num_classes)
+    if schema in (CocoConfig, ImageFolderConfig, ShardsConfig):
+        return Targets.labels()
+    return None
+
+
 # `distributed`: one process per device, started by the launcher. A class variable, not a config
 # key: the launcher reads it from the composed config's schema without importing torch.
 
@@ -365,6 +520,7 @@ class StepScheduleConfig:
 class Config:
     model: Any = MISSING
     dataset: Any = MISSING
+    task: Any = MISSING
     strategy: Any = MISSING
     launcher: Any = MISSING
     optimizer: Any = MISSING
@@ -388,6 +544,14 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "fake_images": FakeImagesConfig,
         "image_folder": ImageFolderConfig,
         "shards": ShardsConfig,
+        "custom": CustomDatasetConfig,
+    },
+    "task": {
+        "classification": ClassificationTaskConfig,
+        "binary": BinaryTaskConfig,
+        "multilabel": MultilabelTaskConfig,
+        "regression": RegressionTaskConfig,
+        "custom": CustomTaskConfig,
     },
     "strategy": {
         "single": SingleConfig,
@@ -473,11 +637,16 @@ PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 COMM_HOOK_NAMES = ("bf16", "fp16")
 # `strategy.reduce_dtype` of fsdp: bf16 halves the reduce-scatter's bytes, fp32 sums exactly.
 REDUCE_DTYPES = ("fp32", "bf16")
-# What validation reports (dpt/loop/evaluate.py); `val/acc5` needs 5 classes or more. `val/samples`
-# is reported too, but it counts samples: not a metric to stop on.
-VAL_METRICS = ("val/loss", "val/acc1", "val/acc5")
-# `sweep.objective`: what a search optimizes (dpt/launch/objective.py).
-OBJECTIVES = ("auto", *VAL_METRICS, "train/loss")
+# `sweep.objective`: what a search optimizes (dpt/launch/objective.py): auto, one of the task's
+# validation metrics (`val_metrics`; `val/samples` is reported too, but it counts samples: not a
+# metric to optimize or stop on), or the last logging window's training loss.
+AUTO_OBJECTIVE, TRAIN_LOSS = "auto", "train/loss"
+
+
+def objectives(task: DictConfig) -> tuple[str, ...]:
+    return (AUTO_OBJECTIVE, *val_metrics(task), TRAIN_LOSS)
+
+
 # What each detector may do (dpt/monitor). A non-finite update cannot be applied and go on (warn),
 # nor be checkpointed (stop); a slowdown is no reason to undo or skip updates.
 SPIKE_ACTIONS = ("warn", "skip", "rollback", "stop", "off")

@@ -1,17 +1,22 @@
 """The contract between dpt and a user's own model and data set, written once.
 
-A **model** target (`model._target_`, a class or function) is called with its config's keys and
-`num_classes=`; it also gets `input_shape=` (the data set's `(C, H, W)` or `(features,)`) only
-if its signature names that parameter (or takes `**kwargs`). It returns a `torch.nn.Module`
-whose forward maps a batch of inputs to logits of shape `(batch, num_classes)`.
+A **model** target (`model._target_`, a class or function) is called with its config's keys, and
+with those of dpt's keywords its signature names: `num_classes` and `num_outputs` (both the
+outputs per sample the task needs: one per class, per target column or per regression value) and
+`input_shape` (the data set's `(C, H, W)` or `(features,)`). A target that takes `**kwargs` gets
+`num_classes` and `input_shape`. It returns a `torch.nn.Module`; what its forward must give is
+the task's to say (`dpt.tasks.fit`: logits `(batch, num_outputs)` for the built-in tasks).
 
-A **data set** target (`dataset._target_`) is called with its config's keys and `seed=`
-(`trainer.seed`: draw anything random from it, so every rank builds the same sets) and returns
-an object shaped as `DataModule` below. `dpt` shards, shuffles, batches and seeds augmentation
-itself: a training sample's random draws come from torch's generator seeded from (seed, epoch,
-index), so a transform that draws from torch's global generator resumes exactly.
+A **data set** is either plain `Dataset` classes (`dataset=custom`: `dataset.train._target_`,
+`dataset.val._target_`, each item an `(input, target)` pair, the input shape read from the first
+sample), or a target (`dataset._target_`) called with its config's keys and `seed=`
+(`trainer.seed`: draw anything random from it, so every rank builds the same sets) that returns
+an object shaped as `DataModule` below. A target is an int class label or a tensor of numbers
+(`dpt.targets.Targets`). `dpt` shards, shuffles, batches and seeds augmentation itself: a
+training sample's random draws come from torch's generator seeded from (seed, epoch, index), so
+a transform that draws from torch's global generator resumes exactly.
 
-README.md ("Your own model and data") and `examples/own_model/` show both.
+README.md ("Your own model and data", "Any problem: tasks") and `examples/own_model/` show both.
 """
 
 from __future__ import annotations
@@ -22,22 +27,30 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch.utils.data import Dataset
 
+from dpt.errors import DptError
+from dpt.targets import Targets
+
 
 @runtime_checkable
 class DataModule(Protocol):
     """What a `dataset` target returns.
 
     Required:
-    - `train`: a map-style `Dataset` whose item `i` is `(input, label)` (a tensor and an int),
-      or None for a sample that cannot be read (skipped and counted, like a bad image);
+    - `train`: a map-style `Dataset` whose item `i` is `(input, target)` (a tensor, and an int
+      label or a tensor of numbers), or None for a sample that cannot be read (skipped and
+      counted, like a bad image);
     - `val`: the same for validation, or None for no validation;
     - `input_shape`: one input's shape, e.g. `(3, 224, 224)`;
-    - `num_classes`: the number of classes (labels are `0 .. num_classes - 1`);
+    - `num_classes`: the number of classes (labels are `0 .. num_classes - 1`); only
+      `task=classification` needs it, the other tasks read the targets;
     - `num_workers`: DataLoader worker processes per rank (0 = load in the rank itself).
 
-    Optional (read with a default, see `class_names` and `val_transform_node`):
-    - `classes`: the class names in label order (default: "0", "1", ...); saved in the run
-      folder, printed by `dpt-predict`;
+    Optional (read with a default, see `class_names`, `val_transform_node`, `target_spec`):
+    - `classes`: the class names in label order, or the names of the outputs (target columns,
+      labels, regression values) (default: "0", "1", ...); saved in the run folder, printed by
+      `dpt-predict`;
+    - `target_spec`: a `dpt.targets.Targets` saying what every target is, where reading the
+      first sample to find out would cost (a download); default: the first readable sample's;
     - `val_transform`: a `_target_` node (a dict) that builds the callable turning one decoded
       image (a uint8 `(3, H, W)` RGB tensor) into the model's input, as validation does. Saved in
       the run folder; `dpt-predict` needs it.
@@ -52,16 +65,20 @@ class DataModule(Protocol):
 
 def class_names(data: DataModule) -> list[str]:
     """The data set's class names in label order; their numbers where it gives none."""
+    return output_names(data, data.num_classes, classification=True)
+
+
+def output_names(data: DataModule, outputs: int, classification: bool) -> list[str]:
+    """The names of the model's outputs: the data set's `classes` (of the classes, or of the
+    target columns, labels or values), or their numbers where it gives none."""
     names = getattr(data, "classes", None)
     if names is None:
-        return [str(label) for label in range(data.num_classes)]
+        return [str(i) for i in range(outputs)]
     names = [str(name) for name in names]
-    if len(names) != data.num_classes:
-        from dpt.errors import DptError
-
-        raise DptError(
-            f"the data set lists {len(names)} class names for num_classes={data.num_classes}"
-        )
+    if len(names) != outputs:
+        what = f"class names for num_classes={outputs}" if classification else (
+            f"names for its {outputs} outputs per sample")  # fmt: skip
+        raise DptError(f"the data set lists {len(names)} {what}")
     return names
 
 
@@ -72,19 +89,62 @@ def val_transform_node(data: DataModule) -> dict[str, Any] | None:
 
 
 def model_kwargs(
-    target: Callable[..., Any], input_shape: Sequence[int], num_classes: int
+    target: Callable[..., Any], input_shape: Sequence[int], num_outputs: int
 ) -> dict[str, Any]:
-    """The keywords dpt adds to a model target's own: `num_classes`, and `input_shape` where the
-    target's signature takes it."""
-    kwargs: dict[str, Any] = {"num_classes": num_classes}
-    if _takes(target, "input_shape"):
-        kwargs["input_shape"] = tuple(input_shape)
-    return kwargs
+    """The keywords dpt adds to a model target's own: those of `num_classes`, `num_outputs` and
+    `input_shape` its signature names; `num_classes` and `input_shape` for `**kwargs`."""
+    offered = {"num_classes": num_outputs, "num_outputs": num_outputs,
+               "input_shape": tuple(input_shape)}  # fmt: skip
+    named = _named(target)
+    if named is None:  # **kwargs
+        return {k: offered[k] for k in ("num_classes", "input_shape")}
+    return {k: v for k, v in offered.items() if k in named}
 
 
-def _takes(target: Callable[..., Any], name: str) -> bool:
+def _named(target: Callable[..., Any]) -> set[str] | None:
+    """The parameter names of `target`'s signature; None where it takes `**kwargs`."""
     try:
         parameters = inspect.signature(target).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: pass only what is required
-        return False
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    except (TypeError, ValueError):  # a builtin without a signature: what it requires, as before
+        return {"num_classes"}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters}
+
+
+def takes_keyword(target: Callable[..., Any], name: str) -> bool:
+    """Whether `target` can be called with `name=` (named, or `**kwargs`)."""
+    named = _named(target)
+    return named is None or name in named
+
+
+# Samples read, at most, to find the first readable one (an unreadable sample is None).
+FIRST_SAMPLE_TRIES = 100
+
+
+def first_sample(dataset: Dataset, key: str) -> tuple[Any, Any]:
+    """The first readable `(input, target)` item of `dataset` (`key` names it in errors): what
+    a data set's input shape and targets are read from."""
+    size = len(dataset)  # type: ignore[arg-type]
+    if size == 0:
+        raise DptError(f"{key}: the data set is empty")
+    for index in range(min(size, FIRST_SAMPLE_TRIES)):
+        item = dataset[index]
+        if item is None:
+            continue
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise DptError(
+                f"{key}: item {index} is a {type(item).__name__}, not an (input, target) pair"
+            )
+        return item[0], item[1]
+    raise DptError(f"{key}: its first {min(size, FIRST_SAMPLE_TRIES)} samples are all unreadable")
+
+
+def targets_of(data: DataModule) -> Targets:
+    """What the data set's targets are: as it declares them (`target_spec`), else as its first
+    readable training sample's, with its class count where it gives one."""
+    declared = getattr(data, "target_spec", None)
+    if isinstance(declared, Targets):
+        return declared
+    spec = Targets.of(first_sample(data.train, "dataset.train")[1])
+    return spec.with_classes(getattr(data, "num_classes", None))

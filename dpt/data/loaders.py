@@ -15,6 +15,7 @@ from dpt.contract import DataModule
 from dpt.data.position import DataPosition
 from dpt.data.seeded import SeededSamples
 from dpt.distributed import DistEnv
+from dpt.targets import Targets
 
 Batch = tuple[torch.Tensor, torch.Tensor, int]
 
@@ -37,13 +38,14 @@ class InMemoryDataset(TensorDataset):
 
 
 class DropUnreadable:
-    """The loaders' collate_fn: stacks (input, label) pairs, leaving out the None a dataset
+    """The loaders' collate_fn: stacks (input, target) pairs, leaving out the None a dataset
     returns for an unreadable sample, and counts those. A batch of only unreadable samples is an
-    empty batch of the dataset's input shape: the loop trains on nothing there, but every rank
-    still takes the step (ddp's all-reduce stays in step), and validation skips it."""
+    empty batch of the dataset's input and target shapes: the loop trains on nothing there, but
+    every rank still takes the step (ddp's all-reduce stays in step), and validation skips it."""
 
-    def __init__(self, input_shape: tuple[int, ...]) -> None:
+    def __init__(self, input_shape: tuple[int, ...], targets: Targets | None = None) -> None:
         self.input_shape = tuple(input_shape)
+        self.targets = targets or Targets.labels()
 
     def __call__(self, samples: Sequence[Any] | StackedBatch) -> Batch:
         if isinstance(samples, StackedBatch):
@@ -51,10 +53,10 @@ class DropUnreadable:
         good = [s for s in samples if s is not None]
         if not good:
             empty = torch.empty((0, *self.input_shape))
-            return empty, torch.empty(0, dtype=torch.long), len(samples)
+            return empty, self.targets.empty(), len(samples)
         inputs = torch.stack([torch.as_tensor(s[0]) for s in good])
-        labels = torch.as_tensor([int(s[1]) for s in good], dtype=torch.long)
-        return inputs, labels, len(samples) - len(good)
+        targets = self.targets.stack([s[1] for s in good])
+        return inputs, targets, len(samples) - len(good)
 
 
 class ShardSampler(Sampler[int]):
@@ -213,6 +215,7 @@ def build_loaders(
     seed: int,
     worker_init_fn: Callable[[int], None] | None = None,
     shuffle: bool = True,
+    targets: Targets | None = None,
 ) -> Loaders:
     """Shard the epoch's global order even in one process, so `single` with batch B*N sees
     exactly the batches that N ddp ranks with batch B see together (same order, same seed)."""
@@ -221,7 +224,7 @@ def build_loaders(
         len(train_set), seed, env.rank, env.world_size, order_of(data.train, shuffle)
     )
     sampler.start(0, 0, batch_size * env.world_size)  # the loader alone gives epoch 0 (benchmarks)
-    common = _loader_options(data, env, seed, worker_init_fn)
+    common = _loader_options(data, env, seed, worker_init_fn, targets)
     # The sampler gives every rank whole steps: equal batch sizes on every rank, so the
     # all-reduced mean is the big-batch mean.
     train = DataLoader(train_set, batch_size=batch_size, sampler=sampler, drop_last=True, **common)
@@ -233,12 +236,16 @@ def build_loaders(
 
 
 def _loader_options(
-    data: DataModule, env: DistEnv, seed: int, worker_init_fn: Callable[[int], None] | None
+    data: DataModule,
+    env: DistEnv,
+    seed: int,
+    worker_init_fn: Callable[[int], None] | None,
+    targets: Targets | None,
 ) -> dict[str, Any]:
     num_workers = data.num_workers
     options: dict[str, Any] = {
         "num_workers": num_workers,
-        "collate_fn": DropUnreadable(data.input_shape),
+        "collate_fn": DropUnreadable(data.input_shape, targets),
         # Pinned host memory lets the copy to the GPU overlap with compute (non_blocking=True).
         "pin_memory": env.device.type == "cuda",
         # Seeds the workers' own RNGs; training samples' augmentation is seeded per sample.

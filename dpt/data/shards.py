@@ -43,6 +43,7 @@ from dpt.data.shard_cache import (
 from dpt.data.shard_writer import DPT_KIND, INDEX, WIDS_KIND
 from dpt.errors import ConfigError, DptError
 from dpt.seeding import derived_seed
+from dpt.targets import Targets
 
 log = logging.getLogger("dpt")
 
@@ -265,6 +266,8 @@ class ShardsData:
             )  # fmt: skip
         self.input_shape: tuple[int, ...] = (3, image_size, image_size)
         self.num_classes = len(index.classes)
+        # Known from the index: reading a sample to find out would fetch a shard.
+        self.target_spec = Targets.labels(self.num_classes)
         self.num_workers = num_workers
         self.val_transform = {"_target_": "dpt.data.images.val_transform", "image_size": image_size}
         _log_splits(index, None if is_local(root) else cache)

@@ -10,7 +10,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from dpt.errors import Abort, ConfigError, DptError
-from dpt.launch import run_lock
+from dpt.launch import preflight, run_lock
 from dpt.launch.validate import validate
 
 
@@ -22,7 +22,7 @@ class ValidateConfig(Callback):
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _validate(config, "hydra.run.dir")
+        _validate(config, "hydra.run.dir", fit=True)
         _lock(run_folder(config))
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -32,11 +32,15 @@ class ValidateConfig(Callback):
         _validate(config, "hydra.sweep.dir")
 
 
-def _validate(config: DictConfig, folder_key: str) -> None:
+def _validate(config: DictConfig, folder_key: str, fit: bool = False) -> None:
+    """`fit`: also whether the task fits a data set, model or loss of yours, built for that
+    (dpt.launch.preflight), before the folder is made."""
     try:
         validate(config)
+        if fit:
+            preflight.check(config)
         check_writable(Path(str(OmegaConf.select(config, folder_key))), folder_key)
-    except ConfigError as error:
+    except DptError as error:
         raise Abort(error) from error
 
 

@@ -4,26 +4,26 @@ run, and its value from a run's results.
 `auto` is the metric the run watches (`trainer.early_stopping.metric`, in its `mode`) where the
 run has validation, else the final training loss. A validation metric's value is that of its
 best epoch (what `model_best.pt` holds where it watches that metric); `train/loss` is the last
-logging window's world-mean loss. Nothing here imports torch: the sweeper reads it in the
-launching process.
+logging window's world-mean loss. Nothing here imports torch (but a custom task's metric class,
+asked which way it improves): the sweeper reads it in the launching process.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig
 
-from dpt.config import OBJECTIVES
-
-AUTO, TRAIN_LOSS = OBJECTIVES[0], OBJECTIVES[-1]
+from dpt.config import AUTO_OBJECTIVE as AUTO
+from dpt.config import TRAIN_LOSS, ClassificationTaskConfig, higher_is_better
 
 
 @dataclass(frozen=True)
 class Objective:
-    name: str  # val/loss, val/acc1, val/acc5, train/loss
+    name: str  # train/loss or one of the task's validation metrics (val/loss, val/acc1, ...)
     direction: str  # minimize or maximize
 
     def value(self, summary: dict[str, Any]) -> float:
@@ -41,13 +41,27 @@ class Objective:
                 "value": value if math.isfinite(value) else None}  # fmt: skip
 
 
-def resolve(name: str, watched: str, mode: str, has_validation: bool) -> Objective:
-    """`sweep.objective` made definite: `auto` is the watched metric, or train/loss."""
+def resolve(
+    name: str,
+    watched: str,
+    mode: str,
+    has_validation: bool,
+    higher: Callable[[str], bool] | None = None,
+) -> Objective:
+    """`sweep.objective` made definite: `auto` is the watched metric, or train/loss. `higher`
+    says which way a validation metric improves (the task's; classification's by default)."""
     if name == AUTO:
         if not has_validation:
             return Objective(TRAIN_LOSS, "minimize")
         return Objective(watched, "maximize" if mode == "max" else "minimize")
-    return Objective(name, "maximize" if name.startswith("val/acc") else "minimize")
+    if name == TRAIN_LOSS:
+        return Objective(name, "minimize")
+    better_higher = (higher or _classification_higher)(name)
+    return Objective(name, "maximize" if better_higher else "minimize")
+
+
+def _classification_higher(metric: str) -> bool:
+    return metric.removeprefix("val/") in ClassificationTaskConfig.higher
 
 
 def of_config(cfg: DictConfig) -> Objective:
@@ -55,4 +69,18 @@ def of_config(cfg: DictConfig) -> Objective:
     from dpt.launch.validate import no_validation
 
     es = cfg.trainer.early_stopping
-    return resolve(cfg.sweep.objective, es.metric, es.mode, no_validation(cfg.dataset) is None)
+    has_validation = no_validation(cfg.dataset) is None
+    return resolve(cfg.sweep.objective, es.metric, es.mode, has_validation,
+                   lambda metric: metric_higher(cfg.task, metric))  # fmt: skip
+
+
+def metric_higher(task: DictConfig, metric: str) -> bool:
+    """Which way a metric of the composed `task` improves; a custom metric's class is asked
+    (imported) where the config cannot say."""
+    found = higher_is_better(task, metric)
+    if found is not None:
+        return found
+    from dpt.tasks.custom import metric_direction
+
+    name = metric.removeprefix("val/")
+    return metric_direction(name, task.metrics[name]) is not False

@@ -23,9 +23,9 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dpt.config import VAL_METRICS
 from dpt.errors import Abort, DptError, one_line
 from dpt.monitor.events import read_events
+from dpt.observe import dashboard
 from dpt.observe.dashboard import write_sweep_experiment
 
 STATUS_FILE = "job_status.json"
@@ -34,6 +34,8 @@ BEST_LINK = "best"  # the best job's run folder, by the objective
 SUMMARY_CSV = "summary.csv"
 SUMMARY_PNG = "summary.png"
 FAILED_STATES = ("FAILED", "CRASHED")
+# What a run's metrics.json reports where it names no validation metrics (before tasks).
+DEFAULT_VAL_METRICS = dashboard.SESSION_METRICS[2:-1]
 
 
 class SweepSummary(Callback):
@@ -82,7 +84,8 @@ class SweepSummary(Callback):
         records = report(sweep_dir, final=True)
         # The one HPARAMS experiment: every key and the values the jobs gave it.
         runs = [(r.get("result") or {}).get("hparams") for r in records]
-        write_sweep_experiment(sweep_dir, [hparams for hparams in runs if hparams])
+        metrics = dashboard.session_metrics(val_metrics_of(records))
+        write_sweep_experiment(sweep_dir, [hparams for hparams in runs if hparams], metrics)
         failed = [r for r in records if r["status"] in FAILED_STATES]
         if failed and _is_search(config) and len(failed) < len(records):
             print(f"[sweep] {len(failed)} of {len(records)} trials failed; a search goes on past "
@@ -186,6 +189,17 @@ def collect(sweep_dir: Path, final: bool) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: r["job"])
 
 
+def val_metrics_of(records: list[dict[str, Any]]) -> list[str]:
+    """The validation metrics the sweep's runs report, in the order they name them (a sweep over
+    tasks has each task's); classification's for runs that name none (written before tasks)."""
+    found: dict[str, None] = {}
+    for record in records:
+        result = record.get("result") or {}
+        names = result.get("val_metrics", DEFAULT_VAL_METRICS if result else [])
+        found.update(dict.fromkeys(names))
+    return list(found)
+
+
 def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Flat rows for the CSV: one column per best validation metric seen in the sweep.
 
@@ -194,8 +208,8 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     (start-up, data loading, validation and checkpoints included).
     """
     best_keys = [
-        k for k in VAL_METRICS if any(k in ((r.get("result") or {}).get("best_val") or {})
-                                      for r in records)
+        k for k in val_metrics_of(records) if any(k in ((r.get("result") or {}).get("best_val")
+                                                       or {}) for r in records)
     ]  # fmt: skip
     out = []
     for r in records:

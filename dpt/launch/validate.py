@@ -11,29 +11,37 @@ from pathlib import Path
 from typing import Any
 
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from dpt.config import (
     COMM_HOOK_NAMES,
     DEVICES,
     MAX_SEED,
     NONFINITE_ACTIONS,
-    OBJECTIVES,
     PRECISIONS,
+    PREDICT_OUTPUTS,
     REDUCE_DTYPES,
+    REGRESSION_LOSSES,
     RESNET_ARCHS,
     SCHEMAS,
     SLOWDOWN_ACTIONS,
     SPIKE_ACTIONS,
-    VAL_METRICS,
+    WATCH_MODES,
+    CustomDatasetConfig,
     FSDPConfig,
     ImageFolderConfig,
     ResNetConfig,
     ShardsConfig,
     SlurmLauncherConfig,
     TorchvisionModelConfig,
+    declared_targets,
+    higher_is_better,
+    objectives,
+    task_kind,
+    val_metrics,
 )
 from dpt.errors import ConfigError
+from dpt.tasks import fit
 from dpt.user_code import check_importable, check_moved
 
 
@@ -67,8 +75,9 @@ def validate(cfg: DictConfig) -> None:
     _validate_group(cfg.scheduler, "scheduler", SCHEDULER_MINIMUMS)
     _validate_group(cfg.dataset, "dataset", DATASET_MINIMUMS)
     _validate_dataset_choices(cfg.dataset)
-    _validate_early_stopping(cfg.trainer.early_stopping, cfg.dataset)
-    _validate_objective(cfg.sweep.objective, cfg.dataset)
+    _validate_task(cfg.task, cfg.dataset, cfg.model)
+    _validate_early_stopping(cfg.trainer.early_stopping, cfg.dataset, cfg.task)
+    _validate_objective(cfg.sweep.objective, cfg.dataset, cfg.task)
     _validate_optimizer(cfg.optimizer)
     _validate_model(cfg.model)
     _validate_user_targets(cfg)
@@ -106,13 +115,27 @@ OWN_TARGETS = ("dpt.", "torch.", "torchvision.", "hydra_plugins.")
 def _validate_user_targets(cfg: DictConfig) -> None:
     """A `_target_` of dpt's earlier layout, or a user's whose module cannot be found: one line
     now, not a failed rank later."""
-    for group in ("model", "dataset", "strategy", "launcher", "optimizer", "scheduler"):
+    for group in ("model", "dataset", "task", "strategy", "launcher", "optimizer", "scheduler"):
         target = cfg[group].get("_target_")
         if not isinstance(target, str):
             continue
         check_moved(target, f"{group}._target_")
-        if group in ("model", "dataset") and not target.startswith(OWN_TARGETS):
+        if group in ("model", "dataset", "task") and not target.startswith(OWN_TARGETS):
             check_importable(target, f"{group}._target_")
+    for key, target in _nested_targets(cfg):
+        if not target.startswith(OWN_TARGETS):
+            check_importable(target, key)
+
+
+def _nested_targets(cfg: DictConfig) -> list[tuple[str, str]]:
+    """The `_target_`s of yours inside dpt's options: dataset=custom's data sets, task=custom's
+    loss and metrics."""
+    nodes = {"dataset.train": cfg.dataset.get("train"), "dataset.val": cfg.dataset.get("val"),
+             "task.loss": cfg.task.get("loss")}  # fmt: skip
+    if isinstance(cfg.task.get("metrics"), DictConfig):
+        nodes |= {f"task.metrics.{name}": node for name, node in cfg.task.metrics.items()}
+    return [(f"{key}._target_", node._target_) for key, node in nodes.items()
+            if isinstance(node, DictConfig) and isinstance(node.get("_target_"), str)]  # fmt: skip
 
 
 def _validate_fsdp(strategy: DictConfig, trainer: DictConfig) -> None:
@@ -151,10 +174,10 @@ def _validate_trainer(t: DictConfig) -> None:
            es.patience, "must be >= 1 or null (off)")  # fmt: skip
 
 
-def _validate_early_stopping(es: DictConfig, dataset: DictConfig) -> None:
-    """The metric must be one validation reports for this dataset, and there must be validation
+def _validate_early_stopping(es: DictConfig, dataset: DictConfig, task: DictConfig) -> None:
+    """The metric must be one validation reports for this task, and there must be validation
     at all when early stopping is on (otherwise the first epoch end would fail)."""
-    _check_choice("trainer.early_stopping.metric", es.metric, VAL_METRICS)
+    _check_choice("trainer.early_stopping.metric", es.metric, val_metrics(task))
     if es.patience is None:
         return  # off: the metric is never read
     no_val = no_validation(dataset)
@@ -163,9 +186,9 @@ def _validate_early_stopping(es: DictConfig, dataset: DictConfig) -> None:
     _check_top5_classes("trainer.early_stopping.metric", es.metric, dataset)
 
 
-def _validate_objective(name: str, dataset: DictConfig) -> None:
+def _validate_objective(name: str, dataset: DictConfig, task: DictConfig) -> None:
     """A validation metric needs validation; `auto` falls back to the train loss by itself."""
-    _check_choice("sweep.objective", name, OBJECTIVES)
+    _check_choice("sweep.objective", name, objectives(task))
     if name.startswith("val/"):
         missing = no_validation(dataset)
         _check(missing is None, "sweep.objective", name,
@@ -180,6 +203,63 @@ def _check_top5_classes(key: str, metric: str, dataset: DictConfig) -> None:
            f"needs dataset.num_classes >= 5 (it is {classes}); use val/acc1")  # fmt: skip
 
 
+def _validate_task(task: DictConfig, dataset: DictConfig, model: DictConfig) -> None:
+    """The task's own keys, and whether it fits what dpt's own data sets and models give (a
+    data set or model of yours is built first: dpt.launch.preflight)."""
+    kind = task_kind(task)
+    _check_choice("task.mode", task.mode, WATCH_MODES)
+    _check_choice("task.watch", task.watch, val_metrics(task))
+    _check_watch_mode(task)
+    if "threshold" in task:
+        _check(0 < task.threshold < 1, "task.threshold", task.threshold, "must be > 0 and < 1")
+    if "pos_weight" in task:
+        _check_pos_weight(task.pos_weight)
+    if kind == fit.REGRESSION:
+        _check_choice("task.loss", task.loss, REGRESSION_LOSSES)
+        _check(task.huber_delta > 0, "task.huber_delta", task.huber_delta, "must be > 0")
+    if kind == fit.CUSTOM:
+        _validate_custom_task(task)
+    if kind == fit.CLASSIFICATION:
+        _check(0 <= task.label_smoothing < 1, "task.label_smoothing", task.label_smoothing,
+               "must be >= 0 and < 1")  # fmt: skip
+        if OmegaConf.get_type(dataset) is CustomDatasetConfig:
+            _check(dataset.num_classes is not None, "dataset.num_classes", "null",
+                   "task=classification needs the number of classes (labels 0 .. N-1)")  # fmt: skip
+    declared = declared_targets(dataset)
+    if declared is not None and is_own_model(model) and kind != fit.CUSTOM:
+        fit.check(kind, declared, None, 0)  # dpt's model gives what the task needs
+
+
+def _check_watch_mode(task: DictConfig) -> None:
+    """A built-in metric watched the wrong way round would keep the worst epoch's weights."""
+    if task_kind(task) == fit.CUSTOM:
+        return
+    better = higher_is_better(task, task.watch)
+    way, right = ("higher", "max") if better else ("lower", "min")
+    _check(task.mode == right, "task.mode", task.mode,
+           f"{task.watch} is better {way}; set task.mode={right}")  # fmt: skip
+
+
+def _check_pos_weight(value: Any) -> None:
+    weights = list(value) if isinstance(value, ListConfig) else [value]
+    _check(value is None or all(isinstance(w, int | float) and w > 0 for w in weights),
+           "task.pos_weight", value, "must be null, a number > 0, or a list of numbers > 0 "
+           "(one per target column)")  # fmt: skip
+
+
+def _validate_custom_task(task: DictConfig) -> None:
+    _check_choice("task.predict", task.predict, PREDICT_OUTPUTS)
+    for name, node in (task.metrics or {}).items():
+        _check(isinstance(node, DictConfig) and isinstance(node.get("_target_"), str),
+               f"task.metrics.{name}", node,
+               "must be a node with a _target_ (a Metric class) and its keys")  # fmt: skip
+
+
+def is_own_model(model: DictConfig) -> bool:
+    """One of dpt's models: built to give the outputs the task asks for."""
+    return str(model.get("_target_", "")).startswith("dpt.models.")
+
+
 def no_validation(dataset: DictConfig) -> str | None:
     """The setting that leaves this dataset without a validation split, or None."""
     if dataset.get("num_val_samples", 1) == 0:
@@ -188,6 +268,8 @@ def no_validation(dataset: DictConfig) -> str | None:
         return "dataset.val_fraction=0 (with no <root>/val folder)"
     if "val_split" in dataset and dataset.val_split is None:
         return "dataset.val_split=null"
+    if OmegaConf.get_type(dataset) is CustomDatasetConfig and dataset.val is None:
+        return "dataset.val=null"
     return None
 
 

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-from dpt import user_code
+from dpt import config, user_code
 from dpt.distributed import (
     DistEnv,
     broadcast_object,
@@ -155,12 +155,17 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     if env.is_main:  # before the first step: a run cut short still leaves what predict needs
         write_run_data(run_dir, parts.run_data)
     hparams = _hparams(cfg, env, parts.global_batch, run_dir)
-    parts.metrics.start_session(hparams)
+    val_metrics = list(config.val_metrics(cfg.task))
+    parts.metrics.start_session(hparams, dashboard.session_metrics(val_metrics))
     ended: bool | None = False  # the session's end as HPARAMS shows it; None: not over yet
     try:
         collector.freeze_for_training()  # start-up's objects left out of collections
         result = trainer.fit()
         summary = _summary(result, env, parts.global_batch, hparams)
+        summary["task"], summary["val_metrics"] = (
+            parts.task.kind,
+            val_metrics,
+        )  # the sweep's columns
         summary["best"] = parts.best_model.summary()
         summary["objective"] = _objective(cfg, parts).record(summary)
         if summary["objective"]["value"] is not None:  # HPARAMS lists it for every run
@@ -234,7 +239,8 @@ def _objective(cfg: DictConfig, parts: Parts) -> objective.Objective:
     """What this run reports to a search (sweep.objective; `auto`: the watched metric)."""
     es = cfg.trainer.early_stopping
     has_validation = parts.validation.loader is not None
-    return objective.resolve(cfg.sweep.objective, es.metric, es.mode, has_validation)
+    return objective.resolve(cfg.sweep.objective, es.metric, es.mode, has_validation,
+                             parts.task.higher_is_better)  # fmt: skip
 
 
 def _log_start(parts: Parts) -> None:

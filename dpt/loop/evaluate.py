@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dpt.distributed import DistEnv, all_gather_floats
+from dpt.tasks.task import Task
 
 
 class Validation:
@@ -21,12 +22,12 @@ class Validation:
         self,
         loader: DataLoader | None,
         env: DistEnv,
-        num_classes: int,
+        task: Task,
         autocast: Callable[[], AbstractContextManager[Any]],
         to_device: Callable[[torch.Tensor], torch.Tensor],
         lockstep_shape: tuple[int, ...] | None,
     ) -> None:
-        self.loader, self.env, self.num_classes = loader, env, num_classes
+        self.loader, self.env, self.task = loader, env, task
         self.autocast, self.to_device = autocast, to_device
         self.lockstep_shape = lockstep_shape  # see `evaluate`
         self.last: dict[str, float] = {}
@@ -37,12 +38,12 @@ class Validation:
         if self.loader is None:
             return {}
         self.last = evaluate(
-            model, self.loader, self.env, self.num_classes, self.autocast, self.to_device,
+            model, self.loader, self.env, self.task, self.autocast, self.to_device,
             self.lockstep_shape,
         )  # fmt: skip
         for key, value in self.last.items():
             best = self.best.get(key)
-            if best is None or (value < best if key.endswith("loss") else value > best):
+            if best is None or (value > best if self.task.higher_is_better(key) else value < best):
                 self.best[key] = value
         return self.last
 
@@ -58,43 +59,41 @@ def evaluate(
     model: nn.Module,
     loader: DataLoader,
     env: DistEnv,
-    num_classes: int,
+    task: Task,
     autocast: Callable[[], AbstractContextManager[Any]],
     to_device: Callable[[torch.Tensor], torch.Tensor],
     lockstep_shape: tuple[int, ...] | None = None,
 ) -> dict[str, float]:
-    """World-wide loss, top-1 and (with >= 5 classes) top-5 accuracy; all ranks must call it.
-    `lockstep_shape` (one input's shape; fsdp, whose every forward is a collective): every rank
-    runs as many forwards as the rank with the most batches, the missing ones on empty inputs."""
+    """World-wide loss and the task's metrics; all ranks must call it. `lockstep_shape` (one
+    input's shape; fsdp, whose every forward is a collective): every rank runs as many forwards
+    as the rank with the most batches, the missing ones on empty inputs."""
     import torchmetrics  # here: a run without validation never pays for the import
 
     metrics = {
         "loss": torchmetrics.MeanMetric(),
-        "acc1": _accuracy(torchmetrics, num_classes, 1),
+        **task.metrics(),
         "samples": torchmetrics.SumMetric(),  # proves each sample was counted exactly once
     }
-    if num_classes >= 5:
-        metrics["acc5"] = _accuracy(torchmetrics, num_classes, 5)
     collection = torchmetrics.MetricCollection(metrics, compute_groups=False).to(env.device)
-    loss_fn = nn.CrossEntropyLoss(reduction="none")
+    own = {name: collection[name] for name in metrics if name not in ("loss", "samples")}
     was_training = model.training
     model.eval()
     # Agreed before the first forward: a collective of its own amid fsdp's would mismatch them.
     padding = _missing_forwards(len(loader), env) if lockstep_shape is not None else 0
-    for inputs, labels, _ in loader:
-        if not len(labels) and lockstep_shape is None:  # all unreadable (the loader counted them)
+    for inputs, targets, _ in loader:
+        if not len(targets) and lockstep_shape is None:  # all unreadable (the loader counted them)
             continue
         inputs = to_device(inputs)
-        labels = labels.to(env.device, non_blocking=inputs.is_cuda)
+        targets = targets.to(env.device, non_blocking=inputs.is_cuda)
         with autocast():
-            logits = model(inputs).float()
-        if not len(labels):
+            outputs = model(inputs).float()
+        if not len(targets):
             continue
-        collection["loss"].update(loss_fn(logits, labels))
-        collection["samples"].update(torch.tensor(float(len(labels))))
-        for name in ("acc1", "acc5"):
-            if name in collection:
-                collection[name].update(logits, labels)
+        losses = task.sample_losses(outputs, targets)
+        # One per sample, or the batch's mean (a custom loss), counted once per sample.
+        collection["loss"].update(losses, weight=1.0 if losses.dim() else float(len(targets)))
+        collection["samples"].update(torch.tensor(float(len(targets))))
+        task.update(own, outputs, targets)
     for _ in range(padding):
         with autocast():
             model(to_device(torch.zeros(0, *lockstep_shape or ())))
@@ -106,9 +105,3 @@ def evaluate(
 def _missing_forwards(batches: int, env: DistEnv) -> int:
     """How many batches fewer than the busiest rank this rank has."""
     return max(int(row[0]) for row in all_gather_floats([float(batches)], env)) - batches
-
-
-def _accuracy(torchmetrics: Any, num_classes: int, top_k: int) -> Any:
-    return torchmetrics.classification.MulticlassAccuracy(
-        num_classes=num_classes, top_k=top_k, average="micro"
-    )

@@ -13,8 +13,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from dpt.config import CheckpointConfig, MonitorConfig, TrainerConfig, build, build_as
-from dpt.contract import DataModule, class_names, val_transform_node
+from dpt.config import (
+    CheckpointConfig,
+    MonitorConfig,
+    TrainerConfig,
+    build,
+    build_as,
+    task_kind,
+)
+from dpt.contract import DataModule, output_names, targets_of, val_transform_node
 from dpt.data.batch_memory import check_batch_fits
 from dpt.data.loaders import Loaders, ToDevice, build_loaders
 from dpt.distributed import DistEnv
@@ -25,6 +32,7 @@ from dpt.loop.evaluate import Validation
 from dpt.loop.precision import Precision
 from dpt.loop.strategy import Strategy
 from dpt.models import build_model
+from dpt.models.meta import output_shape
 from dpt.monitor.grad_diagnostics import GradDiagnostics
 from dpt.monitor.monitor import Monitor
 from dpt.observe.logs import setup_logging
@@ -34,6 +42,8 @@ from dpt.seeding import seed_everything
 from dpt.state.best_model import BestModel
 from dpt.state.checkpoint import Checkpoints
 from dpt.state.results import RunData
+from dpt.tasks import fit
+from dpt.tasks.task import Task, build_task
 
 T = TypeVar("T")
 
@@ -67,6 +77,7 @@ class Parts:
     env: DistEnv
     run_dir: Path
     strategy: Strategy
+    task: Task
     loaders: Loaders
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -95,12 +106,14 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
     seed_everything(t.seed)
     data, shuffle = build_data(groups.dataset, t.seed)
     check_batch_fits(data.input_shape, t.batch_size, groups.dataset)  # before anything allocates
+    task = build_data_task(groups.task, data)
     strategy: Strategy = build(groups.strategy)
     worker_init = functools.partial(_init_loader_worker, env.rank, log_file)
-    loaders = build_loaders(data, env, t.batch_size, t.seed, worker_init, shuffle)
+    loaders = build_loaders(data, env, t.batch_size, t.seed, worker_init, shuffle, task.targets)
     torch.manual_seed(t.seed)  # identical initial weights on every rank, every strategy
-    model = build_model(groups.model, data.input_shape, data.num_classes).to(env.device)
-    model = strategy.wrap(model, env, t.precision)
+    model = build_model(groups.model, data.input_shape, task.num_outputs)
+    task.check(output_shape(model, data.input_shape))  # one line, before the first step
+    model = strategy.wrap(model.to(env.device), env, t.precision)
     if t.compile:
         model = torch.compile(model)
     optimizer = build(groups.optimizer)(model.parameters())
@@ -112,19 +125,20 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
                       sharded_norm=strategy.shards_gradients and env.distributed)  # fmt: skip
     return Parts(
         settings=t, checkpoint=cfg.checkpoint, env=env, run_dir=run_dir, strategy=strategy,
-        loaders=loaders, model=model, optimizer=optimizer, scheduler=scheduler,
+        task=task.to(env.device), loaders=loaders, model=model, optimizer=optimizer,
+        scheduler=scheduler,
         precision=precision, to_device=to_device,
         metrics=MetricsLogger(run_dir, env, total_steps, MemoryUse(model, optimizer).scalars),
         agreement=Agreement(env, total_steps, cfg.monitor.nonfinite.action, t.log_every_n_steps,
                             every_step=monitor.every_step),
         monitor=monitor,
         diagnostics=GradDiagnostics(model, cfg.monitor.grad_diagnostics_every),
-        validation=Validation(loaders.val, env, data.num_classes, precision.autocast, to_device,
+        validation=Validation(loaders.val, env, task, precision.autocast, to_device,
                               _lockstep_shape(strategy, env, data.input_shape)),
         early_stopping=EarlyStopping(t.early_stopping, verbose=env.is_main),
         best_model=BestModel(t.early_stopping.metric, t.early_stopping.mode,
                              cfg.checkpoint.save_best, run_dir, env),
-        run_data=run_data(data),
+        run_data=run_data(data, task),
         total_steps=total_steps,
         global_batch=loaders.global_batch(t.grad_accum_steps),
         checkpoints=Checkpoints(run_dir, env, cfg.checkpoint.keep, cfg.yaml),
@@ -143,11 +157,43 @@ def build_data(node: DictConfig, seed: int) -> tuple[DataModule, bool]:
     return build_as(OmegaConf.masked_copy(node, keys), "dataset", seed=seed), shuffle
 
 
-def run_data(data: DataModule) -> RunData:
-    """The data set's side of the contract that outlives the run (dpt.contract)."""
+def build_data_task(node: DictConfig, data: DataModule) -> Task:
+    """The run's task, fitted to what the data set's targets are (and its classes)."""
+    kind, targets = task_kind(node), targets_of(data)
+    outputs = fit.num_outputs(kind, targets, getattr(data, "num_classes", None))
+    names = output_names(data, outputs, classification=kind == fit.CLASSIFICATION)
+    return build_task(node, targets, outputs, names)
+
+
+def probe_fit(groups: DictConfig, seed: int, own_model: bool) -> None:
+    """The check `build_parts` makes of the task, made beforehand (dpt.launch.preflight): the
+    data set built as a rank builds it, the model (unless it is dpt's, built to fit) on the meta
+    device. Only the task's refusals and the data set's own one-line errors are raised: whatever
+    else fails here (a model that cannot be built) is left to the rank, which says it as always."""
+    seed_everything(seed)
+    data, _ = build_data(groups.dataset, seed)
+    task = build_data_task(groups.task, data)
+    task.check(None if own_model else _meta_output(groups.model, data.input_shape, task))
+
+
+def _meta_output(node: DictConfig, input_shape: tuple[int, ...], task: Task) -> Any:
+    """The output shape per sample of a model of yours, built on the meta device; None where it
+    cannot be had there."""
+    try:
+        with torch.device("meta"):
+            model = build_model(node, input_shape, task.num_outputs)
+    except Exception:  # the rank builds it again, and reports what fails in its one line
+        return None
+    return output_shape(model, input_shape)
+
+
+def run_data(data: DataModule, task: Task) -> RunData:
+    """The data set's side of the contract that outlives the run (dpt.contract), and what
+    prediction needs of the task: its kind, the output names, one target's shape."""
     transform = val_transform_node(data)
     text = None if transform is None else repr(build(OmegaConf.create(transform)))
-    return RunData(class_names(data), list(data.input_shape), transform, text)
+    return RunData(task.names, list(data.input_shape), transform, text, task=task.kind,
+                   target_shape=list(task.targets.shape))  # fmt: skip
 
 
 def planned_steps(loaders: Loaders, settings: TrainerConfig, world_size: int) -> int:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from dpt.data.loaders import Batch
 from dpt.data.position import DataPosition
@@ -55,7 +54,7 @@ class Trainer:
         self.model, self.optimizer, self.scheduler = parts.model, parts.optimizer, parts.scheduler
         self.precision, self.metrics = parts.precision, parts.metrics
         self.agreement, self.monitor = parts.agreement, parts.monitor
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.task = parts.task  # the loss, and (in validation) the metrics
         self.global_batch = parts.global_batch
         self.progress, self.position = Progress(), DataPosition(global_batch=self.global_batch)
         self.rng = RNGState(parts.env.rank, parts.env.world_size)
@@ -127,16 +126,16 @@ class Trainer:
         """Gradients summed over the micro-batches; returns the loss (on the device) and this
         rank's own work time: until its last backward, where ddp waits for the other ranks."""
         losses, work_s = [], 0.0
-        for i, (inputs, labels, _) in enumerate(micro_batches):
-            inputs, labels = self.parts.to_device(inputs), self.parts.to_device(labels)
+        for i, (inputs, targets, _) in enumerate(micro_batches):
+            inputs, targets = self.parts.to_device(inputs), self.parts.to_device(targets)
             last = i == len(micro_batches) - 1
             # ddp all-reduces (fsdp reduce-scatters) once, in the last backward
             with contextlib.nullcontext() if last else skip_gradient_sync(self.model):
                 with self.precision.autocast():
-                    logits = self.model(inputs)
+                    outputs = self.model(inputs)
                     # A micro-batch of only unreadable images: a zero loss, so that ddp's
                     # all-reduce still runs on every rank (this rank adds zero gradients).
-                    loss = self.loss_fn(logits, labels) if len(labels) else logits.sum() * 0.0
+                    loss = self.task.loss(outputs, targets) if len(targets) else outputs.sum() * 0.0
                 if len(micro_batches) > 1:
                     loss = loss / len(micro_batches)  # the mean over the whole batch
                 if last:

@@ -20,15 +20,16 @@ from dpt.user_code import locate
 RECOMPUTE_KEY = "activation_checkpointing"
 
 
-def build_model(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """The model as dpt.contract says: the config's keys, `num_classes`, and `input_shape` where
-    the target's signature takes it."""
+def build_model(cfg: DictConfig, input_shape: tuple[int, ...], num_outputs: int) -> nn.Module:
+    """The model as dpt.contract says: the config's keys, and those of `num_classes`,
+    `num_outputs` (both: the outputs per sample the task needs) and `input_shape` that the
+    target's signature names."""
     recompute = bool(cfg.get(RECOMPUTE_KEY, False))
     target = OmegaConf.create(
         {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != RECOMPUTE_KEY}
     )
     factory = locate(target._target_, "model._target_")
-    model = build_as(target, "model", **model_kwargs(factory, input_shape, num_classes))
+    model = build_as(target, "model", **model_kwargs(factory, input_shape, num_outputs))
     if not isinstance(model, nn.Module):
         raise DptError(
             f"model._target_={target._target_} built a {type(model).__name__}, "

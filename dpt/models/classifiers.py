@@ -12,9 +12,9 @@ import torch
 import torchvision
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
-from torch.func import functional_call
 
 from dpt.errors import ConfigError, DptError
+from dpt.models.meta import meta_forward
 from dpt.models.weights import load_weights
 
 LIST_HINT = (
@@ -126,14 +126,8 @@ def _check_takes(model: nn.Module, label: str, input_shape: tuple[int, ...]) -> 
     no memory, no arithmetic, the weights untouched), so that a model that cannot take the data
     set's images (too small for inception_v3, not the size a ViT was built for) fails here, in
     one line, not in the first step's traceback."""
-    meta = {
-        key: torch.empty_like(tensor, device="meta")
-        for key, tensor in [*model.named_parameters(), *model.named_buffers()]
-    }
-    was_training = model.training
-    model.eval()  # one sample: BatchNorm in training mode would want more
     try:
-        functional_call(model, meta, (torch.empty(1, *input_shape, device="meta"),))
+        meta_forward(model, 1, input_shape)
     except NotImplementedError:
         return  # an operation without shape inference: the first step will tell
     except (RuntimeError, AssertionError, ValueError) as error:
@@ -141,8 +135,6 @@ def _check_takes(model: nn.Module, label: str, input_shape: tuple[int, ...]) -> 
             f"model={label} does not take the dataset's images of shape {input_shape}: "
             f"{_first_line(error)}{_size_hint(model, input_shape)}"
         ) from error
-    finally:
-        model.train(was_training)
 
 
 def _size_hint(model: nn.Module, input_shape: tuple[int, ...]) -> str:

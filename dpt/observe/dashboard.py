@@ -16,19 +16,28 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from dpt.config import VAL_METRICS
+from dpt.config import ClassificationTaskConfig
 
 TB_FOLDER = "tb"
 WORLD = "world"
-# The metrics HPARAMS lists for each session: tags of the world folder, their last value.
-# `objective`: what the run reports to a search (sweep.objective), the same in every run.
-SESSION_METRICS = ("train/loss", "train/samples_per_s", *VAL_METRICS, "objective")
+
+
+def session_metrics(val: Sequence[str]) -> tuple[str, ...]:
+    """The metrics HPARAMS lists for each session: tags of the world folder, their last value:
+    the training loss and speed, the task's validation metrics (`val`), and `objective`, what
+    the run reports to a search (sweep.objective), the same in every run."""
+    return ("train/loss", "train/samples_per_s", *val, "objective")
+
+
+# Those of the default task, classification.
+SESSION_METRICS = session_metrics(tuple(f"val/{m}" for m in ClassificationTaskConfig.reports))
 # Custom scalars: one chart each, every rank's (and the world's) curve overlaid.
 OVERLAYS = {
     "loss": r"^train/loss$",
@@ -117,7 +126,7 @@ def job_label(job: int, overrides: list[str], swept: set[str]) -> str:
 # --- summaries (protocol buffers TensorBoard's plugins read) -------------------------------------
 
 
-def experiment(runs: list[dict[str, Any]]) -> Any:
+def experiment(runs: list[dict[str, Any]], metrics: Sequence[str] = SESSION_METRICS) -> Any:
     """The HPARAMS experiment of these runs' hparams: every key with the values it took
     (`differs` where they are not all the same, or some run lacks the key) and the metrics."""
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
@@ -133,7 +142,7 @@ def experiment(runs: list[dict[str, Any]]) -> Any:
         info.domain_discrete.extend(distinct)
         infos.append(info)
     metrics = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=tag)
-               for tag in SESSION_METRICS]  # fmt: skip
+               for tag in metrics]  # fmt: skip
     data = plugin_data_pb2.HParamsPluginData(
         experiment=api_pb2.Experiment(
             hparam_infos=infos, metric_infos=metrics, time_created_secs=time.time()
@@ -219,9 +228,11 @@ def _hparams_summary(tag: str, data: Any) -> Any:
     return Summary(value=[Summary.Value(tag=tag, metadata=meta, tensor=metadata.NULL_TENSOR)])
 
 
-def write_sweep_experiment(sweep_dir: Path, runs: list[dict[str, Any]]) -> None:
+def write_sweep_experiment(
+    sweep_dir: Path, runs: list[dict[str, Any]], metrics: Sequence[str] = SESSION_METRICS
+) -> None:
     """The sweep's one experiment, beside its jobs' folders (`<sweep>/tb/`)."""
     if runs:
         from dpt.observe.event_file import write
 
-        write(sweep_dir / TB_FOLDER, [experiment(runs)])
+        write(sweep_dir / TB_FOLDER, [experiment(runs, metrics)])

@@ -16,7 +16,7 @@ import logging
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -318,17 +318,17 @@ class MetricsLogger:
         if self.env.is_main and values:
             self._hold(WORLD, values, step, time.time())
 
-    def start_session(self, hparams: dict[str, Any]) -> None:
+    def start_session(self, hparams: dict[str, Any], metrics: Sequence[str]) -> None:
         """Rank 0: this run's HPARAMS session in the world folder, whose own scalar tags are the
-        session's metrics; the overlay charts; and a single run's experiment. Written with the
-        world folder's first event, after the first step."""
+        session's `metrics`; the overlay charts; and a single run's experiment. Written with
+        the world folder's first event, after the first step."""
         if self.env.is_main:
-            self._pending[WORLD] = functools.partial(self._session_summaries, hparams)
+            self._pending[WORLD] = functools.partial(self._session_summaries, hparams, metrics)
 
-    def _session_summaries(self, hparams: dict[str, Any]) -> list[Any]:
+    def _session_summaries(self, hparams: dict[str, Any], metrics: Sequence[str]) -> list[Any]:
         summaries = [dashboard.session_start(hparams), dashboard.overlay_layout()]
         if self.tb.writes_experiment:
-            summaries.append(dashboard.experiment([hparams]))
+            summaries.append(dashboard.experiment([hparams], metrics))
         return summaries
 
     def end_session(self, ok: bool) -> None:

@@ -1,15 +1,17 @@
 """What a run leaves for using its model without dpt's source: `<run>/data.json`.
 
-It holds the class names in label order, one input's shape and the validation transform (a
-`_target_` node, and its text for people), written by rank 0 before the first step. With
-`.hydra/config.yaml` (the model's config) and `model.pt` / `model_best.pt` it is all that
-`dpt-predict` reads.
+It holds the task's kind and the names of the model's outputs (the class names in label order,
+or the target columns', labels' or values' names), one input's shape, one target's shape and
+the validation transform (a `_target_` node, and its text for people), written by rank 0 before
+the first step. With `.hydra/config.yaml` (the model's and the task's config) and `model.pt` /
+`model_best.pt` it is all that `dpt-predict` reads. A run of before tasks wrote no `task`: it
+was classification.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +24,16 @@ BEST_MODEL = "model_best.pt"
 
 @dataclass
 class RunData:
-    classes: list[str]
+    classes: list[str]  # the names of the model's outputs: classes, columns, labels, values
     input_shape: list[int]
     val_transform: dict[str, Any] | None  # a `_target_` node; None: the data set gave none
     val_transform_text: str | None  # repr() of the built transform
+    task: str = "classification"  # the task's kind (dpt.config.TASK_KINDS)
+    target_shape: list[int] = field(default_factory=list)  # one target's; [] for a label
 
     @property
     def num_classes(self) -> int:
+        """The model's outputs per sample (one per class for classification)."""
         return len(self.classes)
 
 
@@ -48,6 +53,8 @@ def read_run_data(run_dir: Path) -> RunData:
             input_shape=[int(n) for n in raw["input_shape"]],
             val_transform=raw.get("val_transform"),
             val_transform_text=raw.get("val_transform_text"),
+            task=str(raw.get("task", "classification")),
+            target_shape=[int(n) for n in raw.get("target_shape", [])],
         )
     except FileNotFoundError:
         raise DptError(

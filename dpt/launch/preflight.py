@@ -1,0 +1,36 @@
+"""Does the task fit the data set and the model? Asked in the launching process before Hydra
+makes the run folder, so that a task that cannot train on them is one line and leaves nothing.
+
+What dpt's own data sets and models give is known from the config (`dpt.launch.validate` checks
+it without torch). A data set of yours (its targets are known once it is built), a model of
+yours (its output shape), and a loss of yours (tried on those shapes) are built here first, as a
+rank builds them (dpt.loop.parts.probe_fit): that costs the data set's building time once more,
+and is only done for them. Every rank checks again on its built parts (a multirun's jobs, whose
+folders Hydra makes before their own overrides are known, are refused there, at start).
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from dpt.config import declared_targets, task_kind
+from dpt.launch.validate import is_own_model
+from dpt.tasks import fit
+
+
+def needs_building(cfg: DictConfig) -> bool:
+    """Whether the fit depends on code of yours: a data set, a model or a custom task."""
+    return (
+        task_kind(cfg.task) == fit.CUSTOM
+        or declared_targets(cfg.dataset) is None
+        or not is_own_model(cfg.model)
+    )
+
+
+def check(cfg: DictConfig) -> None:
+    """Raise the one-line DptError a rank would raise at start for this task's fit."""
+    if not needs_building(cfg):
+        return
+    from dpt.loop.parts import probe_fit  # imports torch: only for code of yours
+
+    probe_fit(cfg, cfg.trainer.seed, own_model=is_own_model(cfg.model))

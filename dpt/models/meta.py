@@ -1,0 +1,40 @@
+"""A model's forward on the meta device: shapes only (no memory, no arithmetic, the weights
+untouched), to learn what a model gives, or whether it takes the data set's inputs at all,
+before the first step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+
+def meta_forward(model: nn.Module, batch: int, input_shape: tuple[int, ...]) -> Any:
+    """The model's output for `batch` inputs of `input_shape`, as meta tensors, in eval mode
+    (one sample: BatchNorm in training mode would want more). Raises what the forward raises;
+    NotImplementedError where an operation has no shape inference."""
+    meta = {
+        key: torch.empty_like(tensor, device="meta")
+        for key, tensor in [*model.named_parameters(), *model.named_buffers()]
+    }
+    was_training = model.training
+    model.eval()
+    try:
+        return functional_call(model, meta, (torch.empty(batch, *input_shape, device="meta"),))
+    finally:
+        model.train(was_training)
+
+
+def output_shape(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """One sample's output shape (B, ...) without the batch, or None where the meta forward
+    cannot tell (a lazy layer, an operation without shape inference, an output that is not one
+    tensor of the batch's length): the first step will tell then."""
+    try:
+        output = meta_forward(model, 2, input_shape)
+    except Exception:  # anything the forward raises is the first step's to report
+        return None
+    if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != 2:
+        return None
+    return tuple(output.shape[1:])

@@ -1,0 +1,104 @@
+"""What the loop asks of a task (`Task`), and how one is built for a run's data set."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from dpt.config import SCHEMAS, build_as
+from dpt.errors import DptError
+from dpt.targets import Targets
+from dpt.tasks import fit
+
+
+class Task:
+    """The loss, the validation metrics and the prediction of one kind of problem.
+
+    Built once per run (`build_task`) with its config's keys and what the data set's targets
+    are: `targets`, `num_outputs` (the model's outputs per sample) and `names` (of the classes
+    or outputs, for `dpt-predict`). Its loss modules move with `to(device)`."""
+
+    kind: ClassVar[str] = "custom"
+
+    def __init__(
+        self, *, targets: Targets, num_outputs: int, names: list[str], watch: str, mode: str
+    ) -> None:
+        self.targets, self.num_outputs, self.names = targets, int(num_outputs), list(names)
+        self.watch, self.mode = watch, mode
+
+    def check(self, output: tuple[int, ...] | None) -> None:
+        """One line where this task cannot train a model whose output per sample is `output`
+        (None: unknown) on its targets."""
+        fit.check(self.kind, self.targets, output, self.num_outputs)
+
+    def higher_is_better(self, metric: str) -> bool:
+        """Which way `metric` (val/<name>) improves: the loss down, the task's scores up (its
+        schema's `higher`), and the watched metric as `task.mode` says."""
+        name = metric.removeprefix("val/")
+        if name == "loss":
+            return False
+        if metric == self.watch:
+            return self.mode == "max"
+        return name in getattr(SCHEMAS["task"].get(self.kind), "higher", (name,))
+
+    def to(self, device: torch.device) -> Task:
+        for value in vars(self).values():
+            if isinstance(value, nn.Module):
+                value.to(device)
+        return self
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The batch's mean loss, which training backpropagates."""
+        raise NotImplementedError
+
+    def sample_losses(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Validation's loss: one per sample `(B,)`, or the batch's mean (a scalar, counted
+        with the batch's size)."""
+        return self.loss(outputs, targets)
+
+    def metrics(self) -> dict[str, Any]:
+        """Fresh torchmetrics objects, by name (reported as val/<name>)."""
+        return {}
+
+    def update(
+        self, metrics: Mapping[str, Any], outputs: torch.Tensor, targets: torch.Tensor
+    ) -> None:
+        for metric in metrics.values():
+            metric.update(outputs, targets)
+
+    def predict(self, outputs: torch.Tensor) -> torch.Tensor:
+        """What `dpt-predict` reports of a batch of outputs, one row per sample `(B, n)`."""
+        return outputs.reshape(len(outputs), -1)
+
+
+def float_targets(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Targets as the loss compares them: at least float32 (a bf16 output under autocast is
+    compared in float32, as autocast runs these losses), float64 for a float64 model."""
+    return targets.to(torch.promote_types(outputs.dtype, torch.float32))
+
+
+def compared(outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Outputs and float targets as an elementwise loss takes them: the outputs in the targets'
+    shape where only their layout differs ((B, 1) for (B,), (B, 8) for (B, 2, 4))."""
+    if outputs.shape != targets.shape and outputs.numel() == targets.numel():
+        outputs = outputs.reshape(targets.shape)
+    return outputs, float_targets(outputs, targets)
+
+
+def per_sample(values: torch.Tensor) -> torch.Tensor:
+    """An elementwise loss as one mean per sample `(B,)`."""
+    return values.reshape(len(values), -1).mean(dim=1)
+
+
+def build_task(node: DictConfig, targets: Targets, num_outputs: int, names: list[str]) -> Task:
+    """The run's task, for these targets and a model of `num_outputs` outputs per sample."""
+    task = build_as(node, "task", targets=targets, num_outputs=num_outputs, names=names)
+    if not isinstance(task, Task):
+        raise DptError(
+            f"task._target_={node._target_} built a {type(task).__name__}, not a dpt Task"
+        )
+    return task
