@@ -131,10 +131,10 @@ class MonitorConfig:
 
 @dataclass
 class SweepConfig:
-    # What a search (`hydra/sweeper=optuna`) optimizes, the number dpt's task returns: auto (the
+    # What a search (`hydra/sweeper=optuna`) optimizes, the number dpt's job returns: auto (the
     # watched validation metric, trainer.early_stopping.metric in its mode, at its best epoch;
-    # the final train loss where there is no validation), val/loss, val/acc1, val/acc5 (at their
-    # best epoch) or train/loss (the last logging window's).
+    # the final train loss where there is no validation), one of the task's validation metrics
+    # (val/loss, val/acc1, ... at its best epoch) or train/loss (the last logging window's).
     objective: str = "auto"
 
 
@@ -272,7 +272,7 @@ class BinaryTaskConfig:
     reports: ClassVar[tuple[str, ...]] = ("loss", "acc", "auroc", "f1")
     higher: ClassVar[tuple[str, ...]] = ("acc", "auroc", "f1")
     pos_weight: Any = MISSING  # null, a number, or one per target column: weight of positives
-    threshold: float = MISSING  # a probability at or above it predicts 1 (acc, f1, dpt-predict)
+    threshold: float = MISSING  # a probability above it predicts 1 (acc, f1, dpt-predict)
     watch: str = MISSING
     mode: str = MISSING
 

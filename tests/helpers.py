@@ -7,6 +7,7 @@ import csv
 import ipaddress
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "train.py"
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+BIN = Path(sys.executable).parent  # the environment's commands: dpt, dpt-predict, ...
 
 # Small and quick: 20 steps of batch 64 on the synthetic task.
 FAST = ["dataset.num_samples=2048", "dataset.num_val_samples=256", "trainer.log_every_n_steps=5"]
@@ -392,3 +394,31 @@ def small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
         yield folder
     finally:
         subprocess.run(["umount", str(folder)], check=True)
+
+
+def readme_block(tag: str) -> list[str]:
+    """The command lines of README's ```bash <tag> blocks, in order, comments dropped."""
+    blocks = (REPO / "README.md").read_text().split(f"```bash {tag}\n")[1:]
+    text = "\n".join(block.split("```", 1)[0] for block in blocks)
+    lines = (line.split(" # ", 1)[0].strip() for line in text.splitlines())
+    return [line for line in lines if line]
+
+
+def run_readme_block(tag: str, root: Path) -> tuple[Path, dict[str, Result]]:
+    """README's ```bash <tag> lines run word for word from `root` (laid out like a clone:
+    examples/, scripts/), `cd` followed; returns the last folder and each command's result."""
+    import shlex
+
+    shutil.copytree(REPO / "examples", root / "examples")
+    (root / "scripts").symlink_to(REPO / "scripts")
+    programs = {"python": [sys.executable], "dpt": [str(BIN / "dpt")],
+                "dpt-predict": [str(BIN / "dpt-predict")]}  # fmt: skip
+    cwd, results = root, {}
+    for command in readme_block(tag):
+        args = shlex.split(command)
+        if args[0] == "cd":
+            cwd = cwd / args[1]
+            continue
+        results[command] = run_cmd(programs.get(args[0], [args[0]]) + args[1:], timeout=240,
+                                   cwd=cwd)  # fmt: skip
+    return cwd, results

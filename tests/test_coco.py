@@ -9,11 +9,28 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
 from PIL import Image
+from pycocotools.coco import COCO
 
-from dpt.data.coco import CocoClassification
+from dpt.data.coco import CocoClassification, CocoData
 from dpt.data.images import ImageDecodeError, read_image_rgb, train_transform, val_transform
+from dpt.data.loaders import DropUnreadable
+from dpt.distributed import env_from_environment
+from dpt.launch.worker import _run, run_worker
+from dpt.targets import Targets
 from scripts.make_coco_fixture import make_fixture
+from tests.helpers import (
+    build_trainer,
+    compose,
+    dpt_logger_kept,
+    free_port,
+    joined_world,
+    load_weights,
+    one_thread,
+    weight_and_statistics_diff,
+)
 
 # torchvision 0.29 deprecates its image decoders (in favour of TorchCodec) on every call.
 pytestmark = pytest.mark.filterwarnings(
@@ -266,3 +283,158 @@ def test_fixture_is_small_and_deterministic(tmp_path: Path) -> None:
         (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files_a
     )
     assert sum((tmp_path / "a" / f).stat().st_size for f in files_a) < 200_000
+
+
+# --- label_policy=all: each image's category set as a K-hot row (task=multilabel) ---------------
+
+
+def _category_sets(ann_file: Path) -> tuple[list[int], dict[int, set[int]]]:
+    """pycocotools' own answer, independent of dpt: the category ids in ascending order, and
+    per image with a non-crowd annotation the indices (in that order) of its categories."""
+    coco = COCO(str(ann_file))
+    category_ids = sorted(coco.getCatIds())
+    index = {cat_id: i for i, cat_id in enumerate(category_ids)}
+    sets = {}
+    for image_id in coco.getImgIds():
+        anns = coco.loadAnns(coco.getAnnIds(imgIds=[image_id], iscrowd=False))
+        if anns:
+            sets[image_id] = {index[ann["category_id"]] for ann in anns}
+    return category_ids, sets
+
+
+@pytest.mark.parametrize("split", ["train2017", "val2017"])
+def test_all_policy_gives_each_image_its_category_set(root: Path, split: str) -> None:
+    category_ids, expected = _category_sets(root / "annotations" / f"instances_{split}.json")
+    # The fixture has images of several categories (else a K-hot row equals a one-hot label).
+    assert sum(len(labels) > 1 for labels in expected.values()) >= (
+        3 if split == "train2017" else 1
+    )
+    ds = CocoClassification(root, split, "all")
+    assert ds.category_ids == category_ids  # the K-hot columns are `classes`' order
+    assert ds.image_ids == sorted(expected)  # the same images kept as by the other policies
+    assert ds.image_ids == CocoClassification(root, split, "first").image_ids
+    read = 0
+    for i, image_id in enumerate(ds.image_ids):
+        assert set(ds.targets[i]) == expected[image_id], image_id
+        item = ds[i]
+        if item is None:  # an unreadable file: its target is never made
+            continue
+        read += 1
+        image, target = item
+        assert (target.shape, target.dtype) == ((5,), torch.float32)
+        assert set(target.nonzero().flatten().tolist()) == expected[image_id], image_id
+        assert set(target.unique().tolist()) <= {0.0, 1.0}
+        assert (image.shape[0], image.dtype) == (3, torch.uint8)  # the image side unchanged
+    assert read == len(ds) - 2  # two unreadable files in each split
+
+
+def test_coco_data_declares_its_targets(root: Path) -> None:
+    def data(policy: str) -> CocoData:
+        return CocoData(str(root), "train2017", "val2017", policy, 32, 0, "skip", None, None,
+                        None, None, seed=0)  # fmt: skip
+
+    multilabel = data("all")
+    assert multilabel.target_spec == Targets(integer=False, shape=(5,))
+    assert multilabel.num_classes == 5
+    for policy in ("first", "largest"):
+        assert data(policy).target_spec == Targets.labels(5)
+
+
+def test_k_hot_batches_with_unreadable_images(root: Path) -> None:
+    data = CocoData(str(root), "train2017", "val2017", "all", 32, 0, "skip", None, None, None,
+                    None, seed=0)  # fmt: skip
+    collate = DropUnreadable(data.input_shape, data.target_spec)
+    ds = data.train
+    truncated, missing, three = (ds[_index(ds, i)] for i in (109, 110, 102))
+    assert truncated is None and missing is None
+    inputs, targets, bad = collate([truncated, three, missing])
+    assert (inputs.shape, bad) == ((1, 3, 32, 32), 2)
+    assert targets.tolist() == [[0.0, 1.0, 1.0, 0.0, 1.0]]  # categories 3, 7, 90
+    inputs, targets, bad = collate([truncated, missing])  # nothing readable: an empty batch
+    assert (inputs.shape, targets.shape, targets.dtype, bad) == (
+        (0, 3, 32, 32), (0, 5), torch.float32, 2)  # fmt: skip
+
+
+MULTILABEL_STEPS = 3
+# ResNet-18 at 32 pixels, 3 steps of a global batch of 8 images, BatchNorm synchronised across
+# fsdp's ranks (each rank's 4 images would otherwise be normalised alone). Not 2 images a rank:
+# layer4's BatchNorm then normalises 4 values per channel (1x1 maps), and fsdp against single
+# differed by 3e-3 to 6e-3 (seeds 1, 2, 3). With 4 a rank, some seeds still jump: 1.2e-7 after
+# steps 1 and 2, then 4.5e-5 at once in step 3 (seed 3; seed 1: 2.8e-6; seeds 0, 2, 4, 5, 6:
+# 1.2e-7), most in conv1 and the early layers, as a near-tie in ResNet's max-pool or a ReLU on
+# the fixture's flat colour boxes, decided the other way by a rounding difference, would do.
+# Seed 5 has no such jump, with single on one thread (as each rank has) or on two.
+# ResNet-18 with BatchNorm on this fixture's flat colour boxes is chaotic (max-pool ties): at lr
+# 1e-3, weights 1e-7 apart (2 ranks round sums otherwise than one process) ended 0.09 apart in
+# one run of 4 steps. At lr 1e-5 the rounding stays below 1e-6 while the run still moves the
+# weights by far more (the control), as tests/test_shards_runs.py found for the same images.
+MULTILABEL = ["dataset=coco", "dataset.label_policy=all", "task=multilabel", "model=resnet18",
+              "dataset.image_size=32", "dataset.num_workers=0", "optimizer=sgd",
+              "optimizer.lr=0.00001", "optimizer.momentum=0", "trainer.seed=5",
+              f"trainer.max_steps={MULTILABEL_STEPS}", "checkpoint.enabled=false"]  # fmt: skip
+
+
+def _readable_train(fixture_info: tuple[Path, dict], folder: Path) -> Path:
+    """The train annotations without the unreadable images: a rank that drops one averages
+    its loss over fewer images than the other rank, which is not single's mean on the global
+    batch (validation keeps its unreadable files: they are counted, not averaged)."""
+    root, expected = fixture_info
+    content = json.loads((root / "annotations" / "instances_train2017.json").read_text())
+    bad = {int(name[:-4]) for name in expected["train2017"]["bad_files"]}
+    content["images"] = [image for image in content["images"] if image["id"] not in bad]
+    content["annotations"] = [a for a in content["annotations"] if a["image_id"] not in bad]
+    path = folder / "train_readable.json"
+    path.write_text(json.dumps(content))
+    return path
+
+
+def _multilabel_rank(rank: int, world: int, port: int, run_dir: Path, overrides: list[str]) -> None:
+    with joined_world(rank, world, port) as env:
+        cfg = OmegaConf.to_container(compose(*overrides), resolve=True)
+        _run(OmegaConf.create(cfg), run_dir, env)  # as every rank: metrics.json, model.pt
+
+
+@pytest.fixture(scope="module")
+def multilabel_runs(
+    fixture_info: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("multilabel")
+    common = [*MULTILABEL, f"dataset.root={fixture_info[0]}",
+              f"dataset.train_ann_file={_readable_train(fixture_info, out)}"]  # fmt: skip
+    runs = {"single": out / "single", "fsdp": out / "fsdp", "init": out / "init.pt"}
+    fsdp = [*common, "strategy=fsdp", "strategy.sync_batchnorm=true", "trainer.batch_size=4"]
+    mp.spawn(_multilabel_rank, args=(2, free_port(), runs["fsdp"], fsdp), nprocs=2, join=True)
+    cfg = compose(*common, "strategy=single", "trainer.batch_size=8")
+    with dpt_logger_kept(), one_thread():  # each rank's arithmetic: one thread
+        run_worker(OmegaConf.to_container(cfg, resolve=True), str(runs["single"]))
+    with dpt_logger_kept():
+        init = build_trainer(
+            out / "init", env_from_environment("cpu"), *common, "trainer.batch_size=8"
+        )
+        torch.save(init.model.state_dict(), out / "init.pt")
+        init.metrics.close()
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_multilabel_coco_fsdp_on_two_ranks_equals_single(multilabel_runs: dict[str, Path]) -> None:
+    names = ("single", "fsdp")
+    results = {
+        name: json.loads((multilabel_runs[name] / "metrics.json").read_text()) for name in names
+    }
+    for name, result in results.items():
+        assert result["task"] == "multilabel", name
+        assert (result["steps"], result["global_batch_size"]) == (MULTILABEL_STEPS, 8), name
+        assert result["bad_samples"] == 0, name  # training saw only readable images
+        assert result["val"]["val/samples"] == 11, name  # 13 images, 2 unreadable
+        assert 0.0 < result["val"]["val/map"] <= 1.0, name
+    assert results["fsdp"]["world_size"] == 2
+    single, fsdp = (load_weights(multilabel_runs[name]) for name in names)
+    weights, statistics = weight_and_statistics_diff(fsdp, single)
+    assert weights < 1e-6
+    assert statistics < 1e-5  # BatchNorm's running statistics, relative (see test_shards_runs)
+    maps = [result["val"]["val/map"] for result in results.values()]
+    assert abs(maps[0] - maps[1]) < 1e-5  # val's 13 images over 2 ranks (7 and 6): measured 0
+    init = torch.load(multilabel_runs["init"], weights_only=True)
+    assert weight_and_statistics_diff(init, single)[0] > 1e-5  # it trained

@@ -13,6 +13,7 @@ from scripts.make_coco_fixture import make_fixture
 from tests.helpers import FAST, REPO, read_checkpoint, train, write_shards
 
 CATALOGUE = REPO / "docs" / "errors.md"
+EXAMPLE = REPO / "examples" / "tasks"  # its classes and conf/ (rows that start there)
 GPU_ROWS = ("GPUs that do not exist",)
 
 
@@ -175,7 +176,8 @@ def test_documented_message(
     expected = message.format(**paths)
     run_dir = tmp_path / "run"
     explicit_dir = any(a.startswith("hydra.run.dir=") for a in args)
-    result = train(None if explicit_dir else run_dir, *args, check=False, timeout=110)
+    result = train(None if explicit_dir else run_dir, *args, check=False, timeout=110,
+                   env={"PYTHONPATH": str(EXAMPLE)})  # the tasks example's modules  # fmt: skip
     assert result.returncode == 1, result.output
     line = result.stderr.strip()
     assert "\n" not in line and "Traceback" not in line, line

@@ -8,49 +8,21 @@ import csv
 import importlib.util
 import json
 import math
-import shlex
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from dpt.data.images import ImageDecodeError, read_image_rgb, val_transform
-from tests.helpers import REPO, Result, run_cmd
+from tests.helpers import Result, run_readme_block
 
 pytestmark = pytest.mark.slow
-
-BIN = Path(sys.executable).parent
-PROGRAMS = {
-    "python": [sys.executable],
-    "dpt": [str(BIN / "dpt")],
-    "dpt-predict": [str(BIN / "dpt-predict")],
-}
-
-
-def readme_commands() -> list[str]:
-    """The lines of README's ```bash own-model block, comments dropped."""
-    text = (REPO / "README.md").read_text().split("```bash own-model\n", 1)[1].split("```", 1)[0]
-    lines = (line.split(" # ", 1)[0].strip() for line in text.splitlines())
-    return [line for line in lines if line]
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Result]]:
     """A folder laid out like a clone (examples/, scripts/), where every line ran as written."""
-    root = tmp_path_factory.mktemp("own_model")
-    shutil.copytree(REPO / "examples", root / "examples")
-    (root / "scripts").symlink_to(REPO / "scripts")
-    cwd, results = root, {}
-    for command in readme_commands():
-        args = shlex.split(command)
-        if args[0] == "cd":
-            cwd = cwd / args[1]
-            continue
-        argv = PROGRAMS.get(args[0], [args[0]]) + args[1:]
-        results[command] = run_cmd(argv, timeout=240, cwd=cwd)
-    return cwd, results
+    return run_readme_block("own-model", tmp_path_factory.mktemp("own_model"))
 
 
 def test_the_section_trains_single_and_ddp_with_the_users_own_model(

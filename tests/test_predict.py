@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+import os
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -17,7 +21,8 @@ from dpt.data.images import read_image_rgb, val_transform
 from dpt.launch.predict import Predictor, main
 from dpt.models import build_model
 from dpt.state.results import BEST_MODEL, LAST_MODEL, RunData, write_run_data
-from tests.helpers import REPO, compose, run_cmd
+from tests.helpers import REPO, TRAIN, assert_no_leftovers, compose, run_cmd, start
+from tests.task_models import SimpleNet
 
 CLASSES = ["cat", "dog", "bird"]
 SIZE = 32
@@ -76,7 +81,7 @@ def on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compare with the CPU model's outputs on the CPU: CUDA convolutions use TF32 by default,
     which moves probabilities by about 1e-3 (see test_cuda_gives_about_the_same_outputs)."""
     monkeypatch.setattr(
-        "dpt.launch.predict.pick_device", lambda name=None: torch.device(name or "cpu")
+        "dpt.launch.run_model.pick_device", lambda name=None: torch.device(name or "cpu")
     )
 
 
@@ -282,7 +287,8 @@ def test_runs_as_a_command(run: Run) -> None:
 # --- errors -------------------------------------------------------------------------------------
 
 
-RUN_FILES = (".hydra/config.yaml", "data.json", LAST_MODEL, BEST_MODEL)
+CONFIG = Path(".hydra") / "config.yaml"
+RUN_FILES = (str(CONFIG), "data.json", LAST_MODEL, BEST_MODEL)
 
 
 def _copy_run(run: Run, folder: Path, *without: str) -> Path:
@@ -373,3 +379,318 @@ def test_top_k_below_one_is_an_error(run: Run, k: str, capsys: pytest.CaptureFix
     assert (
         _error([run.folder, run.images, "--top-k", k], capsys) == f"--top-k {k}: must be 1 or more"
     )
+
+
+# --- every task: tiny runs of a user's model and data set (dataset=custom), vectors in ------------
+
+INPUT_DIM, HIDDEN = 10, 16
+# task -> its run's outputs per sample, their names (None: "0", "1", ...), the data set's
+# targets (tests.task_models.RandomVectors) and the task's overrides.
+TASK_RUNS = {
+    "binary": (1, None, "binary", ["task=binary"]),
+    "multilabel": (4, ["red", "green", "blue", "round"], "multilabel", ["task=multilabel"]),
+    "regression": (2, ["x", "y"], "regression", ["task=regression"]),
+    "custom": (1, None, "binary", ["task=custom", "task.loss._target_=tests.task_models.focal_loss",
+                                   "+task.loss.gamma=2", "task.predict=sigmoid"]),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def task_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One finished run of each task, trained at once (4 steps each): `train.py --config-dir`
+    with a dataset and a model file per task, as a user writes them."""
+    root = tmp_path_factory.mktemp("tasks")
+    for group in ("dataset", "model"):
+        (root / "conf" / group).mkdir(parents=True)
+    started = {}
+    for task, (outputs, names, target, overrides) in TASK_RUNS.items():
+        vectors = {"_target_": "tests.task_models.RandomVectors", "input_dim": INPUT_DIM,
+                   "target": target, "outputs": outputs}  # fmt: skip
+        dataset = {"defaults": ["custom", "_self_"], "classes": names,
+                   "train": {**vectors, "n_samples": 64},
+                   "val": {**vectors, "n_samples": 32}}  # fmt: skip
+        model = {"_target_": "tests.task_models.SimpleNet", "input_dim": INPUT_DIM,
+                 "hidden_dim": HIDDEN, "output_dim": outputs}  # fmt: skip
+        # JSON is YAML: the files as a user would write them, in flow style (not named like
+        # dpt's own files: conf/dataset/custom.yaml would hide the one it extends).
+        (root / "conf" / "dataset" / f"{task}_vectors.yaml").write_text(json.dumps(dataset))
+        (root / "conf" / "model" / f"{task}.yaml").write_text(json.dumps(model))
+        cmd = [sys.executable, str(TRAIN), "--config-dir", str(root / "conf"), f"model={task}",
+               f"dataset={task}_vectors", *overrides, "trainer.batch_size=16", "trainer.epochs=1",
+               "trainer.device=cpu", "checkpoint.enabled=false",
+               f"hydra.run.dir={root / task}"]  # fmt: skip
+        started[task] = start(cmd, env={"OMP_NUM_THREADS": "1"})  # 4 runs beside each other
+    try:
+        for task, proc in started.items():
+            stdout, stderr = proc.communicate(timeout=120)
+            assert proc.returncode == 0, f"{task} run: exit {proc.returncode}\n{stdout}{stderr}"
+            assert_no_leftovers(proc.pid)
+    finally:
+        for proc in started.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return {task: root / task for task in TASK_RUNS}
+
+
+def _vectors(n: int, seed: int) -> torch.Tensor:
+    return torch.randn(n, INPUT_DIM, generator=torch.Generator().manual_seed(seed))
+
+
+def _outputs(
+    folder: Path, inputs: torch.Tensor, outputs: int, weights: str = BEST_MODEL
+) -> torch.Tensor:
+    """The model's outputs on `inputs`: the weights file loaded into a SimpleNet built here."""
+    model = SimpleNet(INPUT_DIM, HIDDEN, outputs)
+    model.load_state_dict(torch.load(folder / weights, weights_only=True))
+    with torch.no_grad():
+        return model.eval()(inputs.float())
+
+
+def _read_csv(path: Path) -> list[list[str]]:
+    with open(path, newline="") as f:
+        return list(csv.reader(f))
+
+
+def _names(path: Path, n: int) -> list[str]:
+    return [f"{path}:{row}" for row in range(n)]
+
+
+def _lines(out: str) -> list[list[str]]:
+    return [line.split() for line in out.strip().splitlines()]
+
+
+def test_binary_one_column_writes_the_probability_and_the_label_at_the_threshold(
+    task_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder, inputs = task_runs["binary"], _vectors(12, seed=1)
+    torch.save(inputs, tmp_path / "x.pt")
+    out, err = _main([folder, tmp_path / "x.pt", "--csv", tmp_path / "p.csv"], capsys)
+    probabilities = torch.sigmoid(_outputs(folder, inputs, 1))[:, 0].tolist()
+    rows = _read_csv(tmp_path / "p.csv")
+    assert rows[0] == ["path", "probability", "predicted"]
+    assert [row[0] for row in rows[1:]] == _names(tmp_path / "x.pt", 12)
+    for (_, probability, predicted), expected in zip(rows[1:], probabilities, strict=True):
+        assert float(probability) == pytest.approx(expected, abs=1e-6)
+        assert predicted == str(int(expected > 0.5))
+    assert _lines(out) == [
+        [name, f"{p:.3f}", str(int(p > 0.5))]
+        for name, p in zip(_names(tmp_path / "x.pt", 12), probabilities, strict=True)
+    ]
+    assert err == ""
+
+
+def _hand_made(
+    source: Path, folder: Path, outputs: int, data: RunData, **task: object
+) -> torch.nn.Module:
+    """`source`'s run folder with a model of `outputs` outputs (new random weights), `data` and
+    these task keys: another run of the same task without training one."""
+    (folder / ".hydra").mkdir(parents=True)
+    cfg = OmegaConf.load(source / ".hydra" / "config.yaml")
+    cfg.model.output_dim = outputs
+    for key, value in task.items():
+        cfg.task[key] = value
+    OmegaConf.save(cfg, folder / ".hydra" / "config.yaml")
+    write_run_data(folder, data)
+    torch.manual_seed(3)
+    model = SimpleNet(INPUT_DIM, HIDDEN, outputs).eval()
+    torch.save(model.state_dict(), folder / LAST_MODEL)
+    torch.save(model.state_dict(), folder / BEST_MODEL)
+    return model
+
+
+def test_binary_columns_write_each_probability_and_the_names_at_the_threshold(
+    task_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names, threshold = ["a", "b", "c"], 0.45
+    data = RunData(names, [INPUT_DIM], None, None, task="binary", target_shape=[3])
+    folder = tmp_path / "run"
+    _hand_made(task_runs["binary"], folder, 3, data, threshold=threshold)
+    inputs = _vectors(20, seed=2).double()  # a float64 array: cast to the model's float32
+    np.save(tmp_path / "x.npy", inputs.numpy())
+    out, _ = _main([folder, tmp_path / "x.npy", "--csv", tmp_path / "p.csv"], capsys)
+    probabilities = torch.sigmoid(_outputs(folder, inputs, 3)).tolist()
+    rows = _read_csv(tmp_path / "p.csv")
+    assert rows[0] == ["path", *names, "predicted"]
+    assert [row[0] for row in rows[1:]] == _names(tmp_path / "x.npy", 20)
+    for row, expected in zip(rows[1:], probabilities, strict=True):
+        assert [float(p) for p in row[1:4]] == pytest.approx(expected, abs=1e-6)
+        assert row[4] == ";".join(n for n, p in zip(names, expected, strict=True) if p > threshold)
+    assert {row[4] for row in rows[1:]} - {""}  # some names picked (and the test meaningful)
+    assert _lines(out)[0][1:] == [cell for n, p in zip(names, probabilities[0], strict=True)
+                                  for cell in (n, f"{p:.3f}")]  # fmt: skip
+
+
+def test_multilabel_writes_the_labels_at_the_threshold_highest_first(
+    task_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder, inputs = task_runs["multilabel"], _vectors(30, seed=3)
+    names = TASK_RUNS["multilabel"][1]
+    assert names is not None
+    torch.save(inputs, tmp_path / "x.pt")
+    args = [folder, tmp_path / "x.pt", "--csv", tmp_path / "p.csv", "--top-k", "1"]  # ignored
+    out, _ = _main(args, capsys)
+    probabilities = torch.sigmoid(_outputs(folder, inputs, 4)).tolist()
+    rows = _read_csv(tmp_path / "p.csv")
+    assert rows[0] == ["path", "labels", "probabilities"]
+    lines = _lines(out)
+    for row, line, expected in zip(rows[1:], lines, probabilities, strict=True):
+        picked = sorted(((p, n) for n, p in zip(names, expected, strict=True) if p > 0.5),
+                        key=lambda pair: -pair[0])  # fmt: skip
+        assert row[1] == ";".join(n for _, n in picked)
+        assert [float(p) for p in row[2].split(";") if p] == pytest.approx(
+            [p for p, _ in picked], abs=1e-6
+        )
+        assert line[1:] == ([c for p, n in picked for c in (n, f"{p:.3f}")] or ["-"])
+    assert [row[0] for row in rows[1:]] == [line[0] for line in lines]
+    assert [row[0] for row in rows[1:]] == _names(tmp_path / "x.pt", 30)
+    counts = {len(row[1].split(";")) if row[1] else 0 for row in rows[1:]}
+    assert len(counts) > 1  # rows of different label counts: the test says something
+
+
+def test_regression_writes_the_values_from_csv_and_npy_rows(
+    task_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = task_runs["regression"]
+    first, second = _vectors(5, seed=4), _vectors(3, seed=5)
+    with open(tmp_path / "x.csv", "w", newline="") as f:
+        rows = csv.writer(f)
+        rows.writerow([f"f{i}" for i in range(INPUT_DIM)])  # a header: skipped
+        rows.writerows([[repr(v) for v in row] for row in first.tolist()])
+    np.save(tmp_path / "y.npy", second.numpy())
+    args = [folder, tmp_path / "x.csv", tmp_path / "y.npy", "--csv", tmp_path / "p.csv"]
+    out, _ = _main(args, capsys)
+    expected = _outputs(folder, torch.cat([first, second]), 2).tolist()
+    rows = _read_csv(tmp_path / "p.csv")
+    assert rows[0] == ["path", "x", "y"]
+    names = _names(tmp_path / "x.csv", 5) + _names(tmp_path / "y.npy", 3)
+    assert [row[0] for row in rows[1:]] == names
+    for row, values in zip(rows[1:], expected, strict=True):
+        assert [float(v) for v in row[1:]] == pytest.approx(values, abs=1e-6)
+    lines = _lines(out)  # the values to 6 significant digits
+    assert [line[0] for line in lines] == names
+    for line, values in zip(lines, expected, strict=True):
+        assert [float(v) for v in line[1:]] == pytest.approx(values, rel=1e-5, abs=1e-6)
+
+
+def test_a_lone_unnamed_value_is_written_as_value(
+    task_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = RunData(["0"], [INPUT_DIM], None, None, task="regression", target_shape=[])
+    folder = tmp_path / "run"
+    _hand_made(task_runs["regression"], folder, 1, data)
+    inputs = _vectors(4, seed=6)
+    torch.save(inputs, tmp_path / "x.pt")
+    _main([folder, tmp_path / "x.pt", "--csv", tmp_path / "p.csv"], capsys)
+    rows = _read_csv(tmp_path / "p.csv")
+    assert rows[0] == ["path", "value"]
+    expected = _outputs(folder, inputs, 1)[:, 0].tolist()
+    assert [float(row[1]) for row in rows[1:]] == pytest.approx(expected, abs=1e-6)
+
+
+def test_custom_writes_what_its_predict_gives(
+    task_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A focal loss of the user's, task.predict=sigmoid: the probabilities, in a `value` column
+    (one output, unnamed), from the last weights as from the best."""
+    folder, inputs = task_runs["custom"], _vectors(10, seed=7)
+    torch.save(inputs, tmp_path / "x.pt")
+    for weights, flags in ((BEST_MODEL, []), (LAST_MODEL, ["--last"])):
+        out, _ = _main([folder, tmp_path / "x.pt", "--csv", tmp_path / "p.csv", *flags], capsys)
+        expected = torch.sigmoid(_outputs(folder, inputs, 1, weights))[:, 0].tolist()
+        rows = _read_csv(tmp_path / "p.csv")
+        assert rows[0] == ["path", "value"]
+        assert [row[0] for row in rows[1:]] == _names(tmp_path / "x.pt", 10)
+        assert [float(row[1]) for row in rows[1:]] == pytest.approx(expected, abs=1e-6)
+        printed = [float(line[1]) for line in _lines(out)]  # 6 significant digits
+        assert printed == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def test_a_run_of_before_tasks_is_classification(
+    run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No `task` in its config nor in data.json: a classification run, as before."""
+    folder = _copy_run(run, tmp_path / "run", "data.json")
+    cfg = OmegaConf.load(folder / CONFIG)
+    del cfg["task"]
+    OmegaConf.save(cfg, folder / CONFIG)
+    old = {"classes": CLASSES, "input_shape": [3, SIZE, SIZE], "val_transform": TRANSFORM,
+           "val_transform_text": "text"}  # fmt: skip
+    (folder / "data.json").write_text(json.dumps(old))
+    _main([folder, *run.readable, "--csv", tmp_path / "p.csv"], capsys)
+    rows = _read_csv(tmp_path / "p.csv")
+    assert rows[0] == ["path", "class", "probability"]
+    for (_, name, probability), image in zip(rows[1:], run.readable, strict=True):
+        expected = _expected(run.best, image)
+        assert name == CLASSES[int(expected.argmax())]
+        assert float(probability) == pytest.approx(float(expected.max()), abs=1e-5)
+
+
+def test_a_classification_run_takes_tensor_files_too(
+    run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Transformed images saved as a tensor: rows named FILE:ROW, no accuracy (no labels)."""
+    inputs = torch.stack([val_transform(SIZE)(read_image_rgb(p)) for p in run.readable[:2]])
+    torch.save(inputs, tmp_path / "x.pt")
+    out, _ = _main([run.folder, tmp_path / "x.pt", "--csv", tmp_path / "p.csv"], capsys)
+    rows = _read_csv(tmp_path / "p.csv")
+    assert [row[0] for row in rows[1:]] == _names(tmp_path / "x.pt", 2)
+    with torch.no_grad():
+        expected = torch.softmax(run.best(inputs).float(), dim=1)
+    for (_, name, probability), row in zip(rows[1:], expected, strict=True):
+        assert name == CLASSES[int(row.argmax())]
+        assert float(probability) == pytest.approx(float(row.max()), abs=1e-5)
+    assert len(_lines(out)) == 2 and not out.startswith("accuracy")
+
+
+def test_tensor_file_errors(
+    task_runs: dict[str, Path], run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = task_runs["binary"]
+    torch.save(torch.zeros(3, 7), tmp_path / "narrow.pt")
+    assert _error([folder, tmp_path / "narrow.pt"], capsys) == (
+        f"{tmp_path / 'narrow.pt'}: inputs of shape (3, 7), the run's model takes (N, 10)"
+    )
+    (tmp_path / "narrow.csv").write_text("1,2,3\n4,5,6\n")
+    assert _error([folder, tmp_path / "narrow.csv"], capsys) == (
+        f"{tmp_path / 'narrow.csv'}: inputs of shape (2, 3), the run's model takes (N, 10)"
+    )
+    (tmp_path / "ragged.csv").write_text("a,b\n1,2\n\n3\n")
+    assert _error([folder, tmp_path / "ragged.csv"], capsys) == (
+        f"{tmp_path / 'ragged.csv'}: line 4 has 1 numbers, line 2 2: one sample per row, all "
+        "of one length"
+    )
+    torch.save({"x": torch.zeros(2, 10)}, tmp_path / "dict.pt")
+    assert _error([folder, tmp_path / "dict.pt"], capsys) == (
+        f"{tmp_path / 'dict.pt'} holds a dict, not a tensor of inputs (N, 10)"
+    )
+    assert _error([folder, run.readable[0]], capsys) == (  # an image, and no val_transform
+        f"{folder / 'data.json'} records no val_transform (the run's data set gave none): "
+        "dpt-predict needs a data set with a `val_transform` (see dpt/contract.py)"
+    )
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("no inputs")
+    assert _error([folder, tmp_path / "empty"], capsys) == (
+        f"no input file found under {tmp_path / 'empty'} (the run's data set gave no "
+        "val_transform: .pt, .npy, .csv files of the model's inputs)"
+    )
+    assert _error([run.folder, tmp_path / "narrow.csv"], capsys) == (
+        f"{tmp_path / 'narrow.csv'}: a .csv file holds one sample per row, for a model whose "
+        f"input is a vector; the run's model takes (N, 3, {SIZE}, {SIZE}): give a .pt or .npy file"
+    )
+
+
+def test_a_folder_of_tensor_files_is_searched(
+    task_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = task_runs["binary"]
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    torch.save(_vectors(2, seed=8), tmp_path / "in" / "sub" / "b.pt")
+    torch.save(_vectors(1, seed=9), tmp_path / "in" / "a.pt")
+    (tmp_path / "in" / "notes.txt").write_text("skipped")
+    out, _ = _main([folder, tmp_path / "in"], capsys)
+    assert [line[0] for line in _lines(out)] == [
+        f"{tmp_path / 'in' / 'a.pt'}:0",
+        f"{tmp_path / 'in' / 'sub' / 'b.pt'}:0",
+        f"{tmp_path / 'in' / 'sub' / 'b.pt'}:1",
+    ]

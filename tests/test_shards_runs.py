@@ -100,10 +100,12 @@ def test_shards_over_http_killed_on_2_ranks_resume_on_1_to_the_uninterrupted_wei
     assert "resumed from" in resumed.stdout
     assert "resuming at sample" not in resumed.stdout  # the same global batch: same samples
     weights = load_weights(tmp_path / "full")
-    # The weights within 1e-6 (measured 1.5e-8); BatchNorm's running variances, sums of squares
-    # that one process and 2 ranks round otherwise, within 2e-6 of their size (measured 8e-7).
+    # The weights within 1e-6 (measured 1.5e-8 and 6e-8); BatchNorm's running variances, sums
+    # of squares that one process and 2 ranks round otherwise (E[x^2] - E[x]^2 of flat colour
+    # boxes: a cancellation that magnifies the rounding), within 1e-5 of their size (measured
+    # 8e-7 on one AMD EPYC VM, 3.3e-6 on another, the same on the commit before tasks).
     weight_diff, stats_diff = weight_and_statistics_diff(weights, load_weights(tmp_path / "cut"))
-    assert weight_diff < 1e-6 and stats_diff < 2e-6, (weight_diff, stats_diff)
+    assert weight_diff < 1e-6 and stats_diff < 1e-5, (weight_diff, stats_diff)
     local = train(tmp_path / "local", *_resnet(str(shards), tmp_path / "unused"), *DDP, timeout=240)
     assert "cached in" not in local.stdout  # a folder is read in place
     assert not (tmp_path / "unused").exists()

@@ -1,4 +1,5 @@
-"""COCO detection annotations turned into a single-label image classification dataset."""
+"""COCO detection annotations turned into image classification: one label per image, or each
+image's set of categories as a K-hot row (multilabel)."""
 
 from __future__ import annotations
 
@@ -29,17 +30,20 @@ from dpt.data.images import (
 )
 from dpt.data.images import UnreadableImageError as UnreadableImageError
 from dpt.errors import DptError
+from dpt.targets import Targets
 
 log = logging.getLogger("dpt")
 
-LABEL_POLICIES = ("first", "largest")
+LABEL_POLICIES = ("first", "largest", "all")
 
 Annotation = dict[str, Any]
 Sample = tuple[torch.Tensor, int]
+# One image's label: an int (first, largest), or its categories' labels in ascending order (all).
+Label = int | tuple[int, ...]
 
 
 class CocoClassification(LabelledImageFiles):
-    """One label per COCO image, picked from its non-crowd object annotations.
+    """One label per COCO image, picked from its non-crowd object annotations, or all of them.
 
     Reads `<root>/annotations/instances_<split>.json` and the images in `<root>/<split>/`
     (`ann_file` / `image_dir` override either path). Category ids (1..90 with gaps in COCO) map
@@ -47,7 +51,12 @@ class CocoClassification(LabelledImageFiles):
 
     `label_policy`: "first" takes the image's first non-crowd annotation in the order of the
     file's `annotations` list; "largest" the non-crowd annotation with the largest `area` (ties
-    go to the earlier one). Images without a non-crowd annotation are left out.
+    go to the earlier one); "all" every non-crowd annotation's category: the target is then a
+    float32 K-hot tensor `(K,)` (1.0 at each of those categories' labels, 0.0 elsewhere; crowd
+    annotations count for nothing, as under the other policies), and `targets` / `samples` hold
+    each image's labels as an ascending tuple of ints (plain Python: cheap to pickle into loader
+    workers; the tensor is made per sample). Images without a non-crowd annotation are left out,
+    whatever the policy.
 
     Order: the kept images sorted by COCO image id, so every process builds the same index
     whatever the order of the JSON file.
@@ -93,13 +102,22 @@ class CocoClassification(LabelledImageFiles):
 
         # Only plain lists are kept (not the COCO object): cheap to pickle into loader workers.
         self.image_ids: list[int] = []
-        self.targets: list[int] = []
-        self.samples: list[tuple[str, int]] = []  # (path, label), as in torchvision's ImageFolder
+        self.targets: list[Label] = []
+        # (path, label), as in torchvision's ImageFolder; (path, labels) under "all"
+        self.samples: list[tuple[str, Label]] = []  # type: ignore[assignment]
         for image_id in sorted(coco.imgs):
-            ann = _pick_annotation(coco.imgToAnns.get(image_id, []), label_policy)
-            if ann is None:
-                continue
-            label = self._label_of(ann)
+            anns = coco.imgToAnns.get(image_id, [])
+            label: Label
+            if label_policy == "all":
+                usable = _usable(anns)
+                if not usable:
+                    continue
+                label = tuple(sorted({self._label_of(ann) for ann in usable}))
+            else:
+                ann = _pick_annotation(anns, label_policy)
+                if ann is None:
+                    continue
+                label = self._label_of(ann)
             path = self.image_dir / coco.imgs[image_id]["file_name"]
             self.image_ids.append(image_id)
             self.targets.append(label)
@@ -114,6 +132,26 @@ class CocoClassification(LabelledImageFiles):
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+    @property
+    def target_spec(self) -> Targets:
+        """What every target is: a label of K classes, or a float K-hot row under "all"."""
+        if self.label_policy == "all":
+            return Targets(integer=False, shape=(self.num_classes,))
+        return Targets.labels(self.num_classes)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, Any] | None:
+        item = super().__getitem__(index)
+        if item is None or self.label_policy != "all":
+            return item
+        image, labels = item
+        return image, self.k_hot(labels)
+
+    def k_hot(self, labels: Sequence[int]) -> torch.Tensor:
+        """A float32 `(K,)` row: 1.0 at `labels`, 0.0 elsewhere."""
+        row = torch.zeros(self.num_classes, dtype=torch.float32)
+        row[list(labels)] = 1.0
+        return row
 
     def __repr__(self) -> str:
         return (
@@ -179,6 +217,9 @@ class CocoData:
             )
         self.input_shape: tuple[int, ...] = (3, image_size, image_size)
         self.num_classes = self.train.num_classes
+        self.classes = list(self.train.classes)  # the category names: data.json, dpt-predict
+        # label_policy=all: K-hot float rows (K,); else one integer label of K classes.
+        self.target_spec: Targets = self.train.target_spec
         self.num_workers = num_workers
 
 
@@ -208,13 +249,18 @@ def _pick_annotation(anns: Sequence[Annotation], policy: str) -> Annotation | No
 
     `anns` must be in file order: pycocotools' imgToAnns appends in the file's order.
     """
-    usable = [a for a in anns if not a.get("iscrowd", 0)]
+    usable = _usable(anns)
     if not usable:
         return None
     if policy == "first":
         return usable[0]
     # max() returns the first of equal maxima, so ties go to the earlier annotation.
     return max(usable, key=_area)
+
+
+def _usable(anns: Sequence[Annotation]) -> list[Annotation]:
+    """The annotations that may label an image (every policy): the non-crowd ones, in order."""
+    return [a for a in anns if not a.get("iscrowd", 0)]
 
 
 def _area(ann: Annotation) -> float:

@@ -2,5 +2,6 @@
 its callbacks, the config checks made before anything starts, and how ranks start (in this
 process, an elastic local world from a fork server, torchrun, SLURM) and run (`worker`).
 
-May import: dpt.loop, dpt.monitor, dpt.state, dpt.data, dpt.models, dpt.observe, base.
+May import: dpt.loop, dpt.monitor, dpt.state, dpt.tasks, dpt.data, dpt.models, dpt.observe,
+base.
 """

@@ -316,7 +316,7 @@ def _validate_monitor(monitor: DictConfig, checkpoint: DictConfig) -> None:
 
 def _validate_dataset_choices(dataset: DictConfig) -> None:
     for key, allowed in (
-        ("label_policy", ("first", "largest")),
+        ("label_policy", ("first", "largest", "all")),
         ("on_bad_image", ("skip", "error")),
     ):
         if key in dataset:

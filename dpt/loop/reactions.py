@@ -159,16 +159,36 @@ def name_nonfinite(trainer: LoopState, event: Event) -> None:
         event.epoch, event.sample, trainer.settings.grad_accum_steps, event.rank or 0
     )
     with _kept_state(model):
-        for inputs, _, _ in batches:
-            inputs = trainer.parts.to_device(inputs)
+        for inputs, targets, _ in batches:
+            inputs, targets = trainer.parts.to_device(inputs), trainer.parts.to_device(targets)
+            outputs: list[torch.Tensor] = []
             with trainer.precision.autocast():
-                name = first_nonfinite_module(model, lambda x=inputs: model(x))
+                name = first_nonfinite_module(
+                    model, lambda x=inputs, kept=outputs: kept.append(model(x))
+                )
             if name is not None:
                 event.module = name
                 found = dict(model.named_modules()).get(name)  # none: the input, the root
                 event.module_class = type(found).__name__ if found is not None else None
                 return
-    event.note = "its forward is finite when replayed: the backward made it"
+            blame = _nonfinite_loss(trainer, outputs[0], targets)
+            if blame is not None:
+                event.note = blame
+                return
+    event.note = "its forward and loss are finite when replayed: the backward made it"
+
+
+def _nonfinite_loss(trainer: LoopState, outputs: torch.Tensor, targets: torch.Tensor) -> str | None:
+    """Where a finite forward's step went non-finite: the targets, or the task's loss of them."""
+    if not len(targets):
+        return None
+    if has_nonfinite(targets):
+        return "its targets are not finite: the data set gave them"
+    with torch.no_grad(), trainer.precision.autocast():
+        loss = trainer.parts.task.loss(outputs, targets)
+    if has_nonfinite(loss):
+        return f"its forward is finite, the loss of task={trainer.parts.task.kind} is not"
+    return None
 
 
 @contextlib.contextmanager

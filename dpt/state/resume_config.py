@@ -55,6 +55,7 @@ REFUSED = (
     ("trainer.seed", "that changes the data and the initial weights"),
     ("dataset.", "that changes the data"),
     ("model.", "that changes the model"),
+    ("task.", "that changes what is learned and how it is measured"),
     ("optimizer.", "the checkpoint's optimizer state does not fit another optimizer"),
     ("scheduler.", "the checkpoint's schedule state does not fit another schedule"),
     ("trainer.early_stopping.", "the best value so far was measured by another rule"),
@@ -81,11 +82,23 @@ class Comparison:
     refused: tuple[Change, ...]  # most telling first: seed, data, model, optimizer, ...
 
 
+# A checkpoint written before the `task` group existed trained what task=classification trains.
+BEFORE_TASKS = {
+    "task._target_": "dpt.tasks.classification.Classification",
+    "task.label_smoothing": 0.0,
+    "task.watch": "val/loss",
+    "task.mode": "min",
+}
+
+
 def flat(config_yaml: str) -> dict[str, Any]:
-    """The resolved config as dotted keys; lists are values of their own (`model.hidden_dims`)."""
+    """The resolved config as dotted keys; lists are values of their own (`model.hidden_dims`).
+    A config of before tasks reads as task=classification's."""
     container = OmegaConf.to_container(OmegaConf.create(config_yaml), resolve=True)
     out: dict[str, Any] = {}
     _flatten(container if isinstance(container, dict) else {}, "", out)
+    if not any(key.startswith("task.") for key in out):
+        out.update(BEFORE_TASKS)
     return out
 
 

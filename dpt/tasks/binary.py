@@ -30,7 +30,7 @@ class Logits(Task):
 
     def predict(self, outputs: torch.Tensor) -> torch.Tensor:
         """The probability of each column or label."""
-        return torch.sigmoid(outputs.reshape(len(outputs), -1))
+        return torch.sigmoid(outputs.reshape(len(outputs), -1).float())
 
     def pairs(
         self, outputs: torch.Tensor, targets: torch.Tensor

@@ -35,4 +35,4 @@ class Classification(Task):
 
     def predict(self, outputs: torch.Tensor) -> torch.Tensor:
         """Class probabilities, each row summing to 1."""
-        return torch.softmax(outputs, dim=1)
+        return torch.softmax(outputs.float(), dim=1)

@@ -49,7 +49,7 @@ class Custom(Task):
         return metric_direction(name, self.metric_nodes[name]) is not False
 
     def predict(self, outputs: torch.Tensor) -> torch.Tensor:
-        rows = outputs.reshape(len(outputs), -1).float()
+        rows = super().predict(outputs)
         if self.output == "sigmoid":
             return torch.sigmoid(rows)
         return torch.softmax(rows, dim=1) if self.output == "softmax" else rows

@@ -71,8 +71,9 @@ class Task:
             metric.update(outputs, targets)
 
     def predict(self, outputs: torch.Tensor) -> torch.Tensor:
-        """What `dpt-predict` reports of a batch of outputs, one row per sample `(B, n)`."""
-        return outputs.reshape(len(outputs), -1)
+        """What `dpt-predict` reports of a batch of outputs, one row per sample `(B, n)`, in
+        float32 (a bf16 output of autocast too)."""
+        return outputs.reshape(len(outputs), -1).float()
 
 
 def float_targets(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

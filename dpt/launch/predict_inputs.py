@@ -1,0 +1,172 @@
+"""Which files `dpt-predict` reads, and the model's inputs that tensor files hold.
+
+Image files, and folders searched recursively for them (as dataset=image_folder reads them);
+tensor files (`.pt`, `.npy`, `.csv`) hold the model's inputs themselves, one sample per row.
+The module docstring of dpt/launch/predict.py says what each holds and how a row is named.
+
+torch and numpy are imported inside the readers: `dpt-predict --help` answers before either
+loads.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpt.data.folder_layout import images_under
+from dpt.errors import DptError
+
+if TYPE_CHECKING:
+    import torch
+
+# Files that hold the model's inputs themselves, one sample per row (not images to transform).
+TENSOR_SUFFIXES = (".pt", ".npy", ".csv")
+
+
+def is_tensor_file(path: Path) -> bool:
+    """A file of the model's inputs themselves (`.pt`, `.npy`, `.csv`), not an image."""
+    return path.suffix.lower() in TENSOR_SUFFIXES
+
+
+def image_files(paths: Sequence[str]) -> list[Path]:
+    """Files named as given, and the image files under folders (recursively, sorted), once each."""
+    return input_files(paths, images=True)
+
+
+def input_files(paths: Sequence[str], images: bool = True) -> list[Path]:
+    """Files named as given, and under folders (recursively, sorted) the image files (`images`)
+    or the tensor files (a run without val transform), once each."""
+    found: dict[Path, None] = {}  # ordered, without repeats
+    for name in paths:
+        path = Path(name)
+        if path.is_dir():
+            found.update(dict.fromkeys(_images_under(path) if images else _tensors_under(path)))
+        elif path.exists():
+            found[path] = None  # named by the user: read it whatever its suffix
+        else:
+            raise DptError(f"{path}: no such file or folder")
+    if not found and images:
+        raise DptError(
+            f"no image found under {', '.join(paths)} (files whose suffix is an image format's, "
+            "as dataset=image_folder reads them: .jpg, .png, .webp, ...)"
+        )
+    if not found:
+        raise DptError(
+            f"no input file found under {', '.join(paths)} (the run's data set gave no "
+            f"val_transform: {', '.join(TENSOR_SUFFIXES)} files of the model's inputs)"
+        )
+    return list(found)
+
+
+def _images_under(folder: Path) -> list[Path]:
+    """The image files a data set would read there (dpt.data.folder_layout), sorted."""
+    try:
+        return sorted(Path(path) for path in images_under(folder))
+    except OSError as error:
+        raise DptError(f"cannot read {error.filename}: {error.strerror or error}") from error
+
+
+def _tensors_under(folder: Path) -> list[Path]:
+    try:
+        return sorted(p for p in folder.rglob("*") if p.is_file() and is_tensor_file(p))
+    except OSError as error:
+        raise DptError(f"cannot read {error.filename}: {error.strerror or error}") from error
+
+
+# --- tensor files ---------------------------------------------------------------------------------
+
+
+def read_inputs(path: Path, input_shape: Sequence[int]) -> torch.Tensor:
+    """The inputs a tensor file holds, `(N, *input_shape)`; one line where it cannot be read or
+    its shape is not the model's input's."""
+    import torch
+
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        inputs = _read_csv(path, input_shape)
+    elif suffix == ".npy":
+        inputs = _read_npy(path)
+    else:
+        try:
+            inputs = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
+            message = f"{path} is not a tensor file torch.load reads: {first_line(error)}"
+            raise DptError(message) from error
+        if not isinstance(inputs, torch.Tensor):
+            raise DptError(
+                f"{path} holds a {type(inputs).__name__}, not a tensor of inputs "
+                f"{_shape_text(('N', *input_shape))}"
+            )
+    if inputs.dim() != len(input_shape) + 1 or tuple(inputs.shape[1:]) != tuple(input_shape):
+        raise DptError(
+            f"{path}: inputs of shape {_shape_text(inputs.shape)}, the run's model takes "
+            f"{_shape_text(('N', *input_shape))}"
+        )
+    return inputs
+
+
+def _read_npy(path: Path) -> torch.Tensor:
+    import torch
+
+    try:
+        import numpy
+
+        array = numpy.load(path, allow_pickle=False)
+        return torch.from_numpy(numpy.ascontiguousarray(array))
+    except ImportError as error:
+        raise DptError(f"{path}: reading .npy files needs numpy (pip install numpy)") from error
+    except (OSError, ValueError, TypeError, EOFError) as error:
+        raise DptError(f"{path} is not a .npy file numpy reads: {first_line(error)}") from error
+
+
+def _read_csv(path: Path, input_shape: Sequence[int]) -> torch.Tensor:
+    """Rows of numbers, one sample each; a first line that is not numbers is a header."""
+    import torch
+
+    if len(input_shape) != 1:
+        raise DptError(
+            f"{path}: a .csv file holds one sample per row, for a model whose input is a vector; "
+            f"the run's model takes {_shape_text(('N', *input_shape))}: give a .pt or .npy file"
+        )
+    rows: list[list[float]] = []
+    width, first = 0, 0  # the first row's length, and its line
+    try:
+        with open(path, newline="") as f:
+            for line, cells in enumerate(csv.reader(f), start=1):
+                if not any(cell.strip() for cell in cells):
+                    continue  # an empty line
+                try:
+                    row = [float(cell) for cell in cells]
+                except ValueError:
+                    if not rows and not first:
+                        first = -1  # the header: only the first line may be one
+                        continue
+                    text = ",".join(cells)[:60]
+                    raise DptError(f"{path}: line {line} is not numbers: {text}") from None
+                if not rows:
+                    width, first = len(row), line
+                elif len(row) != width:
+                    raise DptError(
+                        f"{path}: line {line} has {len(row)} numbers, line {first} {width}: "
+                        "one sample per row, all of one length"
+                    )
+                rows.append(row)
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise DptError(f"{path} is unreadable: {first_line(error)}") from error
+    if not rows:
+        return torch.empty((0, *input_shape), dtype=torch.float64)
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def _shape_text(shape: Sequence[Any]) -> str:
+    """`(5, 7)`, `(N, 10)`, `(3,)`."""
+    return f"({', '.join(str(n) for n in shape)}{',' if len(shape) == 1 else ''})"
+
+
+def first_line(error: BaseException) -> str:
+    """An error's first line (its type where it says nothing): torch's and numpy's messages
+    run on for lines. dpt.launch.run_model reports the weights' errors with it too."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
