@@ -14,7 +14,9 @@ where CUDA is available), `memory` (not run by default: ddp against fsdp, memory
 throughput for a 105 M-parameter MLP; about 2 GiB per ddp rank; writes only its own section of
 the report), `monitor` (not run by default: the monitor's detectors timed in place per step, the
 MLP end to end with the monitor on and off, gradient diagnostics and grad_spike's norm; writes
-only its own section of the report). benchmarks/README.md says more.
+only its own section of the report), `baseline` (not run by default; needs --baseline REV: dpt
+at another commit against this checkout on the loops workloads, alternated; writes only its own
+section of the report). benchmarks/README.md says more.
 
 Every comparison alternates its contenders run by run (A, B, A, B, ...) and reports medians and
 paired ratios: on a shared machine single absolute times say little. Runs go to a temporary
@@ -33,12 +35,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import gpu, loops, memory, monitor, pipeline, startup, sync
+from benchmarks import baseline, gpu, loops, memory, monitor, pipeline, startup, sync
 from benchmarks.report import document
-from benchmarks.runner import REPO, Say
+from benchmarks.runner import REPO, RunError, Say
 
-SECTIONS = ("loops", "startup", "pipeline", "sync", "gpu", "memory", "monitor")
-DEFAULT_SECTIONS = SECTIONS[:-2]  # memory and monitor are measured on their own
+SECTIONS = ("loops", "startup", "pipeline", "sync", "gpu", "memory", "monitor", "baseline")
+DEFAULT_SECTIONS = SECTIONS[:-3]  # memory, monitor and baseline are measured on their own
 # Each section: (its arguments, a temporary folder, a progress printer) -> its results, by key.
 RUNNERS: dict[str, Callable[[argparse.Namespace, Path, Say], dict[str, Any]]] = {
     "loops": loops.run,
@@ -48,6 +50,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Path, Say], dict[str, Any]]] = 
     "gpu": gpu.run,
     "memory": memory.run,
     "monitor": monitor.run,
+    "baseline": baseline.run,
 }
 # Where the classes in results saved with --save before the benchmarks were a package now live.
 _MOVED = {"bench_common": "benchmarks.runner", "bench_runs": "benchmarks.jobs"}
@@ -78,6 +81,10 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     p.add_argument(
         "--models", default="mlp,resnet18", help="the loops section's models (default: both)"
     )
+    p.add_argument(
+        "--baseline", metavar="REV", default=None,
+        help="the baseline section's git revision: dpt there against this checkout",
+    )  # fmt: skip
     p.add_argument("--save", type=Path, default=None, help="also pickle the measurements here")
     p.add_argument(
         "--render", type=Path, default=None,
@@ -88,6 +95,13 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
         p.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    if "baseline" in args.sections and not args.render:
+        if not args.baseline:
+            p.error("--sections baseline needs --baseline REV (a git revision, e.g. HEAD~1)")
+        try:
+            baseline.resolve(args.baseline)
+        except RunError:
+            p.error(f"--baseline {args.baseline}: no such commit in this repository")
     args.quick = args.quick or args.smoke
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
@@ -119,7 +133,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m benchmarks") -> N
     args = parse_args(argv, prog)
     if args.render:  # e.g. after editing the report's text: the same numbers, written anew
         results, meta = load(args.render)
-        print(f"wrote {document.write(args.out, results, meta)}")
+        if results and all(name in document.MARKED for name in results):
+            path = document.write_marked(args.out, results)  # only their parts, as measured
+        else:
+            path = document.write(args.out, results, meta)
+        print(f"wrote {path}")
         return
     started = time.time()
 

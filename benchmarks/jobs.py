@@ -60,12 +60,23 @@ class Job:
     # glibc alone), so a ratio measures the loops. True: each loop as it runs out of the box,
     # the plain loop on glibc's defaults and dpt with the settings it makes itself.
     out_of_the_box: bool = False
+    # dpt only: another checkout of the repo (a `git worktree` of another commit; section
+    # `baseline`) whose entry script and package run instead of this checkout's; `rev` names it
+    # in the label (`dpt@265ee25 single`). See `run_job` for how its own dpt gets imported.
+    checkout: Path | None = None
+    rev: str = ""
 
     @property
     def label(self) -> str:
         suffix = f" x{self.world}" if self.strategy == "ddp" else ""
         as_is = " as-is" if self.out_of_the_box else ""
-        return f"{self.loop} {self.strategy}{suffix}{as_is}"
+        at = f"@{self.rev}" if self.checkout is not None else ""
+        return f"{self.loop}{at} {self.strategy}{suffix}{as_is}"
+
+    @property
+    def root(self) -> Path:
+        """The checkout the job runs from: this one, or `checkout`."""
+        return self.checkout if self.checkout is not None else REPO
 
     @property
     def samples_per_step(self) -> int:
@@ -76,10 +87,12 @@ class Job:
 
     def _dpt(self, run_dir: Path) -> list[str]:
         w = self.work
-        entry = "benchmarks/stamped_train.py" if self.stamp_first_step else "train.py"
+        entry = self.root / ("benchmarks/stamped_train.py" if self.stamp_first_step else "train.py")
+        if not entry.is_file():  # e.g. a baseline commit older than the stamped entry
+            raise RunError(f"{self.label}: {entry} does not exist in that checkout")
         cmd = [
             sys.executable,
-            str(REPO / entry),
+            str(entry),
             f"model={w.model}",
             f"strategy={self.strategy}",
             f"trainer.batch_size={w.batch_size}",
@@ -181,15 +194,30 @@ def child_env(args: argparse.Namespace, device: str) -> dict[str, str]:
     return env
 
 
+def checkout_env(checkout: Path) -> dict[str, str]:
+    """What a process needs to import `checkout`'s dpt rather than this one's. Started as a file,
+    the checkout's entry puts its own folder first on sys.path, ahead of this checkout's editable
+    install (a finder appended to sys.meta_path). But a local world's ranks fork from a server
+    that multiprocessing starts as `python -c ...` in the launcher's working directory, and
+    Python 3.11's forkserver ignores the launcher's sys.path: from this checkout's folder, or
+    from anywhere else through the editable install, the ranks would import this checkout's dpt.
+    So the job runs in `checkout` (`run_job` passes it as the working directory) with the
+    checkout first on PYTHONPATH."""
+    paths = [str(checkout), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {"PYTHONPATH": os.pathsep.join(paths)}
+
+
 def run_job(job: Job, run_dir: Path, env: dict[str, str], timeout_s: float) -> RunResult:
     run_dir.mkdir(parents=True)
     env = {k: v for k, v in env.items() if k not in allocator.ENV}
     if not job.out_of_the_box:
         env.update(allocator.ENV)
     env[FIRST_STEP_ENV] = str(run_dir / FIRST_STEP_FILE)  # read by stamped_train.py only
+    if job.checkout is not None:
+        env |= checkout_env(job.checkout)
     what = f"{job.label} ({job.work.model})"
     launched, ended = run_process(
-        job.command(run_dir), run_dir / "console.txt", env, timeout_s, what
+        job.command(run_dir), run_dir / "console.txt", env, timeout_s, what, cwd=job.root
     )
     read = _read_dpt if job.loop == "dpt" else _read_plain
     return read(run_dir, launched, ended)

@@ -98,17 +98,22 @@ class RunError(RuntimeError):
 
 
 def run_process(
-    cmd: Sequence[str], console: Path, env: Mapping[str, str], timeout_s: float, what: str
+    cmd: Sequence[str],
+    console: Path,
+    env: Mapping[str, str],
+    timeout_s: float,
+    what: str,
+    cwd: Path = REPO,
 ) -> tuple[float, float]:
-    """`cmd` from the repo root, its output to `console`, in a process group of its own: a
-    timeout kills its workers too. Returns `time.time()` just before it started and once it had
-    exited; a failure raises `RunError` naming `what`, with the output's last 40 lines."""
+    """`cmd` from the repo root (or `cwd`), its output to `console`, in a process group of its
+    own: a timeout kills its workers too. Returns `time.time()` just before it started and once
+    it had exited; a failure raises `RunError` naming `what`, with the output's last 40 lines."""
     args, environ = list(cmd), dict(env)
     with console.open("w") as out:
         launched = time.time()
         proc = subprocess.Popen(
             args,
-            cwd=REPO,
+            cwd=cwd,
             env=environ,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -4,6 +4,8 @@ is asserted: the numbers of a smoke run on a shared machine mean nothing."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import pickle
 import re
 import runpy
@@ -196,6 +198,74 @@ def test_memory_alone_replaces_only_its_part(tmp_path: Path) -> None:
     assert replaced.replace("7 timed steps", "3 timed steps") == appended
     # A whole report that did not measure memory keeps the part it found.
     assert document.write(tmp_path, results, META).read_text() == replaced
+
+
+def _baseline(ratios: tuple[Stat, ...]) -> dict[str, Any]:
+    """What `--sections baseline` measures (numbers made up): one row per ratio."""
+    row = {"model": "mlp", "strategy": "single", "world": 1, "batch": 64, "log_every": 10,
+           "base": _stat(20000), "this": _stat(19800), "ratio_all_steps": _stat(0.99),
+           "loss_gap": 0.0}  # fmt: skip
+    return {"baseline": {
+        "rows": [{**row, "ratio": ratio} for ratio in ratios],
+        "workloads": [jobs.Workload("mlp", 64, 50, 550, num_samples=12800)],
+        "imported": {"base": "/tmp/x/baseline/dpt/__init__.py", "this": "/repo/dpt/__init__.py"},
+        "rev": "HEAD~1", "short": "265ee25", "hash": "265ee25" + "0" * 33, "subject": "before",
+        "head": "ec17698" + "0" * 33, "head_subject": "after", "head_end": "ec17698" + "0" * 33,
+        "uncommitted_code": ["dpt/loop/trainer.py"], "uncommitted_other": 3, "code_changed": False,
+        "quick": False, "smoke": False, "rounds": 5, "models": "mlp,resnet18", "worlds": [2],
+        "date": "today", "duration_s": 600.0, "load": ((1.0, 1.0, 1.0), (2.0, 2.0, 2.0)),
+    }}  # fmt: skip
+
+
+def test_baseline_alone_replaces_only_its_part(tmp_path: Path) -> None:
+    from benchmarks.report import baseline, document
+
+    path = document.write(tmp_path, _results(), META)
+    whole = path.read_text()
+    ratios = (Stat(0.95, 0.90, 1.02, 5), Stat(0.98, 0.96, 0.99, 5), Stat(0.95, 0.93, 0.96, 5))
+    document.write_marked(tmp_path, _baseline(ratios))
+    text = path.read_text()
+    assert text.startswith(whole.rstrip("\n") + "\n\n<!-- bench_baseline -->\n## 10. This ")
+    assert text.endswith("<!-- /bench_baseline -->\n")
+    assert "| dpt@265ee25 samples/s | this checkout samples/s | this/265ee25 (paired) |" in text
+    assert "| mlp | single | 1 | 64 | 10 | 20,000 (18,000-22,000) | 19,800" in text
+    assert "--sections baseline --baseline HEAD~1 --rounds 5`" in text
+    assert "with 1 uncommitted change(s), which these runs include (`dpt/loop/trainer.py`)" in text
+    assert "3 other uncommitted file(s), none of them run by dpt." in text
+    # Within noise: the range holds 1.0, or the median is at least 0.97.
+    verdicts = [verdict for _, _, verdict in baseline.targets(_baseline(ratios))]
+    assert [v.startswith("within noise") for v in verdicts] == [True, True, False]
+    # Measured again: its part replaced, the rest as it was.
+    document.write_marked(tmp_path, _baseline(ratios[:1]))
+    again = path.read_text()
+    assert again.startswith(whole.rstrip("\n")) and again.count("bench_baseline -->") == 2
+    assert "0.980 (0.960-0.990)" not in again
+    # Rendered from saved measurements: its part alone again.
+    from benchmarks import bench
+
+    (tmp_path / "saved.pkl").write_bytes(pickle.dumps((_baseline(ratios), META)))
+    bench.main(["--render", str(tmp_path / "saved.pkl"), "--out", str(tmp_path)])
+    assert path.read_text() == text
+
+
+def test_baseline_section_needs_a_revision(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench
+
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--sections", "baseline"])
+    assert "--sections baseline needs --baseline REV" in capsys.readouterr().err
+    assert "baseline" not in bench.DEFAULT_SECTIONS
+
+
+def test_a_job_of_another_checkout_runs_its_entry_there(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    work = jobs.Workload("mlp", 64, warmup_steps=10, steps=20)
+    job = jobs.Job("dpt", "ddp", 2, work, checkout=tmp_path, rev="265ee25")
+    assert job.label == "dpt@265ee25 ddp x2"
+    assert job.command(tmp_path / "run")[1] == str(tmp_path / "train.py")
+    assert jobs.checkout_env(tmp_path)["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)
+    with pytest.raises(RunError, match="does not exist in that checkout"):
+        dataclasses.replace(job, stamp_first_step=True).command(tmp_path / "run")
 
 
 def test_render_reads_measurements_saved_before_the_move(tmp_path: Path) -> None:

@@ -4,9 +4,9 @@ machine and the command, the targets, the method) around each section's chapters
 Each section's report is a module of this package with `chapters(results)` (Markdown, "" where the
 section was not measured), and `targets(results)` (its rows of the targets table) and
 `plot(out, results)` where it has them. Sections measured on their own (MARKED: `memory`,
-`monitor`) stand between two markers, `<!-- bench_NAME -->` and `<!-- /bench_NAME -->`:
-`--sections memory` replaces that part of an existing report alone, and a whole report keeps it
-unless it measured it anew.
+`monitor`, `baseline`) stand between two markers, `<!-- bench_NAME -->` and
+`<!-- /bench_NAME -->`: `--sections memory` replaces that part of an existing report alone, and a
+whole report keeps it unless it measured it anew.
 """
 
 from __future__ import annotations
@@ -22,16 +22,26 @@ from typing import Any
 import torch
 import torchvision
 
-from benchmarks.report import gpu, loops, memory, monitor, overhead, pipeline, startup, sync
+from benchmarks.report import (
+    baseline,
+    gpu,
+    loops,
+    memory,
+    monitor,
+    overhead,
+    pipeline,
+    startup,
+    sync,
+)
 from benchmarks.report.common import Results, md_table
 
 REPORT = "performance.md"
 CHAPTERS: tuple[ModuleType, ...] = (loops, pipeline, sync, startup, overhead, gpu)  # in order
 # The targets table's rows come in this order (each section's rows in its own order).
-TARGETS: tuple[ModuleType, ...] = (loops, startup, overhead, pipeline, sync, gpu, monitor)
+TARGETS: tuple[ModuleType, ...] = (loops, startup, overhead, pipeline, sync, gpu, monitor, baseline)
 PLOTS: tuple[ModuleType, ...] = (loops, pipeline, sync)
 # After the method, each between its markers, in this order.
-MARKED: dict[str, ModuleType] = {"memory": memory, "monitor": monitor}
+MARKED: dict[str, ModuleType] = {"memory": memory, "monitor": monitor, "baseline": baseline}
 
 
 def machine() -> dict[str, Any]:
