@@ -325,6 +325,14 @@ class CustomTaskConfig:
     mode: str = MISSING
 
 
+# The task a run made before the `task` group existed trained: task=classification's node, as
+# its YAML sets it (a checkpoint's config and a run folder of then have no `task`).
+BEFORE_TASKS: dict[str, Any] = {
+    "_target_": "dpt.tasks.classification.Classification",
+    "label_smoothing": 0.0,
+    "watch": "val/loss",
+    "mode": "min",
+}
 TASK_KINDS = ("classification", "binary", "multilabel", "regression", "custom")
 PREDICT_OUTPUTS = ("values", "sigmoid", "softmax")
 REGRESSION_LOSSES = ("mse", "l1", "huber")

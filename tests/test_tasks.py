@@ -388,6 +388,26 @@ def test_each_task_sets_what_is_watched(
 
 
 @pytest.mark.parametrize(
+    ("objective", "direction"),
+    [("auto", "minimize"), ("val/brier", "minimize"), ("val/acc", "maximize")],
+)
+def test_a_search_optimizes_an_own_metric_the_way_its_class_says(
+    objective: str, direction: str
+) -> None:
+    """val/brier is watched (task.mode=min); val/acc is not, and BinaryAccuracy says it is
+    better higher: the sweeper's direction, known before any trial runs."""
+    from dpt.launch import objective as objectives
+
+    cfg = compose("--config-dir", str(EXAMPLE / "conf"), "model=simple_net", "dataset=random",
+                  "task=focal", f"sweep.objective={objective}")  # fmt: skip
+    found = objectives.of_config(cfg)
+    assert (found.name, found.direction) == (
+        "val/brier" if objective == "auto" else objective,
+        direction,
+    )
+
+
+@pytest.mark.parametrize(
     ("overrides", "message"),
     [
         (["task=regression", "task.watch=val/acc1"],

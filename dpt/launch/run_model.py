@@ -36,13 +36,6 @@ PRETRAINED_WEIGHTS_TARGETS = (
 )
 # The task kinds data.json records (`RunData.task`) that dpt-predict tells apart.
 CLASSIFICATION, BINARY, MULTILABEL = "classification", "binary", "multilabel"
-# The task of a run folder written before tasks existed (no `task` node in its config).
-CLASSIFICATION_NODE = {
-    "_target_": "dpt.tasks.classification.Classification",
-    "label_smoothing": 0.0,
-    "watch": "val/loss",
-    "mode": "min",
-}
 
 
 def weights_file(run_dir: Path, last: bool = False) -> tuple[Path, str | None]:
@@ -214,7 +207,9 @@ def task_config(run_dir: Path, data: RunData, cfg: Any = None) -> Any:
             f"{run_dir / CONFIG_FILE} has no `task` node: {run_dir / DATA_FILE} says the run's "
             f"task is {data.task}, which dpt-predict needs the config of"
         )
-    return OmegaConf.create(CLASSIFICATION_NODE)
+    from dpt.config import BEFORE_TASKS
+
+    return OmegaConf.create(BEFORE_TASKS)  # a run folder of before tasks
 
 
 def build_run_task(run_dir: Path, data: RunData, cfg: Any = None) -> Task:

@@ -162,10 +162,8 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         collector.freeze_for_training()  # start-up's objects left out of collections
         result = trainer.fit()
         summary = _summary(result, env, parts.global_batch, hparams)
-        summary["task"], summary["val_metrics"] = (
-            parts.task.kind,
-            val_metrics,
-        )  # the sweep's columns
+        summary["task"] = parts.task.kind
+        summary["val_metrics"] = val_metrics  # the sweep's columns
         summary["best"] = parts.best_model.summary()
         summary["objective"] = _objective(cfg, parts).record(summary)
         if summary["objective"]["value"] is not None:  # HPARAMS lists it for every run

@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from dpt.config import BEFORE_TASKS
 from dpt.user_code import current_target
 
 # A key matches an entry equal to it, or one ending in "." that it starts with.
@@ -82,15 +83,6 @@ class Comparison:
     refused: tuple[Change, ...]  # most telling first: seed, data, model, optimizer, ...
 
 
-# A checkpoint written before the `task` group existed trained what task=classification trains.
-BEFORE_TASKS = {
-    "task._target_": "dpt.tasks.classification.Classification",
-    "task.label_smoothing": 0.0,
-    "task.watch": "val/loss",
-    "task.mode": "min",
-}
-
-
 def flat(config_yaml: str) -> dict[str, Any]:
     """The resolved config as dotted keys; lists are values of their own (`model.hidden_dims`).
     A config of before tasks reads as task=classification's."""
@@ -98,7 +90,7 @@ def flat(config_yaml: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     _flatten(container if isinstance(container, dict) else {}, "", out)
     if not any(key.startswith("task.") for key in out):
-        out.update(BEFORE_TASKS)
+        out.update({f"task.{key}": value for key, value in BEFORE_TASKS.items()})
     return out
 
 
