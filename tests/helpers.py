@@ -419,6 +419,408 @@ def run_readme_block(tag: str, root: Path) -> tuple[Path, dict[str, Result]]:
         if args[0] == "cd":
             cwd = cwd / args[1]
             continue
+        if args[0] == "dpt" and runs_in_process(args[1:], cwd):  # a Python start saved
+            results[command] = train_in_process(*args[1:], cwd=cwd, import_from=(cwd,),
+                                                script="dpt")  # fmt: skip
+            assert results[command].returncode == 0, results[command].output
+            continue
         results[command] = run_cmd(programs.get(args[0], [args[0]]) + args[1:], timeout=240,
                                    cwd=cwd)  # fmt: skip
     return cwd, results
+
+
+# --- runs of a spawned world, and one-process runs in this process ------------------------------
+
+
+class _Tee:
+    """Writes to several streams (a run's console lines: kept for the test, and shown)."""
+
+    def __init__(self, *streams: Any) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+@dataclass
+class WorldRun:
+    """One run of a spawned world (`run_world`): what a rank of `python train.py strategy=ddp`
+    runs (`run_worker`: resume, checkpoints, model.pt, metrics.json, TensorBoard, its log),
+    minus Hydra's `.hydra/` files. `copy_from`: a run folder rank 0 copies to `run_dir` first
+    (a stopped run resumed in a copy); `prepare`: what rank 0 then does to it (damage it, ...).
+    Each rank's console lines go to `<out>.rank<r>`."""
+
+    name: str
+    run_dir: Path
+    cfg: dict[str, Any]
+    out: Path
+    copy_from: Path | None = None
+    prepare: Callable[[Path], None] | None = None  # rank 0's, on the folder, after the copy
+
+    @property
+    def stdout(self) -> str:
+        """The console lines of every rank, rank 0's first (a launcher's stdout, in rank order)."""
+        files = sorted(self.out.parent.glob(f"{self.out.name}.rank*"))
+        return "".join(f.read_text() for f in files)
+
+
+def world_run(
+    name: str,
+    run_dir: Path,
+    *overrides: str,
+    copy_from: Path | None = None,
+    prepare: Callable[[Path], None] | None = None,
+) -> WorldRun:
+    """A run for `run_world`, its config composed here (as `train.py` composes it). `prepare`:
+    a module-level function (it goes to the ranks by name) rank 0 calls on the run folder first."""
+    from dpt.launch.launchers import resolved
+
+    return WorldRun(name, run_dir, resolved(compose(*overrides)), run_dir.parent / f"{name}.out",
+                    copy_from, prepare)  # fmt: skip
+
+
+def run_world(world: int, runs: list[WorldRun]) -> None:
+    """`runs` one after the other in one spawned CPU world of `world` ranks (one start-up for
+    all), each rank in a process of its own as the local launcher starts it. A run that fails
+    fails the test (its traceback in the error)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_world_rank, args=(world, runs), nprocs=world, join=True)
+
+
+def shared_port(rank: int, where: Path) -> int:
+    """A port free on 127.0.0.1 now, for a world that meets again: rank 0 picks it and writes
+    it to `where`, the other ranks read it there (a port picked minutes before it is used, when
+    the world was spawned, may have been taken since)."""
+    if rank == 0:
+        picked = where.with_name(f"{where.name}.tmp")
+        picked.write_text(str(free_port()))
+        picked.rename(where)  # whole, or not there yet
+    while not where.exists():
+        time.sleep(0.01)
+    return int(where.read_text())
+
+
+def _world_rank(rank: int, world: int, runs: list[WorldRun]) -> None:
+    world_rank_runs(rank, world, runs)
+    # As dpt's local ranks (and `joined_world`): leave without the interpreter's finalization.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def world_rank_runs(rank: int, world: int, runs: list[WorldRun]) -> None:
+    """Rank `rank`'s part of `runs`, in a process spawned for a world of `world` (`run_world`);
+    for a test's own world function, which may go on (`joined_world`, on a `shared_port`)."""
+    from dpt.launch.launchers import run_worker
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))  # fmt: skip
+    done: list[Path] = []
+    for run in runs:
+        # Every rank's previous run over (its last writes, TensorBoard's included): a file
+        # barrier, the world's process group being gone between runs.
+        while not all(marker.exists() for marker in done):
+            time.sleep(0.01)
+        if rank == 0 and run.copy_from is not None:
+            shutil.copytree(run.copy_from, run.run_dir)
+        if rank == 0 and run.prepare is not None:
+            run.prepare(run.run_dir)
+        # The run's port, once rank 0 has made its folder ready: no rank reads it before.
+        port = shared_port(rank, run.out.parent / f"{run.out.name}.port")
+        os.environ["MASTER_PORT"] = str(port)
+        console = run.out.parent / f"{run.out.name}.rank{rank}"
+        with open(console, "w") as kept, contextlib.redirect_stdout(_Tee(kept, sys.stdout)), \
+                loader_workers_ended():  # fmt: skip
+            run_worker(run.cfg, str(run.run_dir))
+        (run.out.parent / f"{run.out.name}.done{rank}").touch()
+        done = [run.out.parent / f"{run.out.name}.done{r}" for r in range(world)]
+    while not all(marker.exists() for marker in done):  # the last run over on every rank
+        time.sleep(0.01)
+
+
+def run_here(run_dir: Path, *overrides: str) -> tuple[dict[str, Any], str]:
+    """What `python train.py strategy=single ...` runs, in this process (one thread, as a
+    one-process run on a machine shared with the other pytest worker gains nothing from more),
+    without Hydra's `.hydra/` files: the run's summary and its console lines."""
+    import io
+
+    from dpt.launch.launchers import resolved, run_worker
+
+    kept = io.StringIO()
+    with dpt_logger_kept(), one_thread(), contextlib.redirect_stdout(_Tee(kept, sys.stdout)), \
+            loader_workers_ended():  # fmt: skip
+        summary = run_worker(resolved(compose(*overrides)), str(run_dir))
+    return summary, kept.getvalue()
+
+
+@contextlib.contextmanager
+def loader_workers_ended() -> Iterator[None]:
+    """The loader workers the block's runs started end with the block, as they do when a rank's
+    process ends. Left to the garbage collector (the next run's: dpt.launch.collector), the
+    shutdown of each persistent worker, run from a finalizer, waits out torch's status interval
+    (5 s): 20 s for 2 loaders of 2 workers. Shut down outside a collection, it takes
+    milliseconds. Loaders that were running before the block are left alone."""
+    before = {id(found) for found in _loader_iterators()}
+    try:
+        yield
+    finally:
+        for found in _loader_iterators():
+            if id(found) not in before:
+                found._shutdown_workers()
+
+
+def _loader_iterators() -> list[Any]:
+    """The DataLoader iterators with worker processes that this process holds (or left)."""
+    import gc
+
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    # type(), not isinstance: an object's own __class__ may warn (torch.distributed.reduce_op).
+    return [found for found in gc.get_objects()
+            if issubclass(type(found), _MultiProcessingDataLoaderIter)]  # fmt: skip
+
+
+# --- `python train.py ARGS` in this process ------------------------------------------------------
+
+
+def train_in_process(
+    *argv: str, cwd: Path = REPO, import_from: tuple[Path, ...] = (), script: str = str(TRAIN)
+) -> Result:
+    """`python SCRIPT ARGV` (train.py), started in `cwd` with `PYTHONPATH=import_from`, run in
+    this process through the command's entry point, `dpt.launch.cli.main` (not `cli.entry`,
+    which ends its process with os._exit): a command that is answered, or runs, without starting
+    any other process saves the start of a Python process.
+
+    It runs as in a process of its own: `sys.argv`, the current folder and the import path as
+    the command's process has them (`import_from` first, where PYTHONPATH puts it); stdout and
+    stderr, Python's writes and those to the file descriptors (torch's C++ code) after them; the
+    root logger as a fresh interpreter has it (no handler: a
+    warning logged reaches stderr through logging's last resort); the interpreter's default
+    warning filters, a warning written to stderr (not recorded by pytest); an exception that
+    escapes written as the interpreter writes it, exit 1; SystemExit's code as the process would
+    exit with it (`cli.entry` ends so). Hydra's global state is cleared before and after.
+    Whatever the command changed in this process is put back, and what it must not leave behind
+    is checked (`process_state_kept`).
+    """
+    import io
+    import traceback
+    import warnings
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from dpt.launch.cli import main
+    from dpt.launch.process_exit import exit_code
+
+    out, err = io.StringIO(), io.StringIO()
+    with process_state_kept(import_from), _fd_output() as fd_output, \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            warnings.catch_warnings():  # fmt: skip
+        os.chdir(cwd)
+        sys.argv = [script, *argv]
+        sys.path[:0] = [str(folder) for folder in import_from]
+        logging.root.handlers.clear()
+        logging.root.setLevel(logging.WARNING)
+        _interpreter_warning_filters(err)
+        GlobalHydra.instance().clear()
+        try:
+            main()
+            code = 0
+        except SystemExit as stop:
+            code = exit_code(stop)
+        except Exception:  # as the interpreter reports an exception that ends a program
+            traceback.print_exc()
+            code = 1
+        finally:
+            GlobalHydra.instance().clear()
+    fd_out, fd_err = fd_output
+    return Result(code, out.getvalue() + fd_out, err.getvalue() + fd_err)
+
+
+@contextlib.contextmanager
+def _fd_output() -> Iterator[list[str]]:
+    """What the block writes to file descriptors 1 and 2 directly (C++ code of torch's, a child
+    process), past `sys.stdout` and `sys.stderr`: [stdout, stderr], filled as the block ends."""
+    import tempfile
+
+    written: list[str] = []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        saved = [os.dup(1), os.dup(2)]
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            yield written
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            for file in (out, err):
+                file.seek(0)
+                written.append(file.read().decode(errors="replace"))
+
+
+def _interpreter_warning_filters(stream: Any) -> None:
+    """Python's default warning filters (no -W, no PYTHONWARNINGS), a warning written to
+    `stream` as the interpreter writes it to stderr. Inside `warnings.catch_warnings()`, which
+    puts pytest's filters and its recording back."""
+    import warnings
+
+    warnings.resetwarnings()
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.simplefilter("ignore", category, append=True)
+
+    def show(message: Any, category: Any, filename: str, lineno: int, *_: Any) -> None:
+        stream.write(warnings.formatwarning(message, category, filename, lineno))
+
+    warnings.showwarning = show
+
+
+@contextlib.contextmanager
+def process_state_kept(user_code: tuple[Path, ...] = ()) -> Iterator[None]:
+    """This process as it was before the block, for a command run in it: the environment, the
+    import path, `sys.argv`, the current folder, the modules imported from `user_code` (a user's
+    own modules: dropped, so that the next command imports its own), the loggers that were there
+    (handlers, level, propagation; handlers added are closed), the signal handlers, torch's CPU
+    threads, the random generators (Python's, NumPy's, torch's: a data set built to check a task
+    seeds them), Hydra's run and job state and its config store. Fails if the block left threads
+    or child processes running, or a run folder locked."""
+    import random
+
+    import numpy as np
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.plugins import Plugins
+    from hydra.core.utils import JobRuntime
+
+    from dpt.launch import run_lock
+
+    environ, path, argv, cwd = dict(os.environ), list(sys.path), list(sys.argv), os.getcwd()
+    modules = set(sys.modules)
+    loggers = _loggers_state()
+    handlers = {sig: signal.getsignal(sig) for sig in signal.valid_signals()}
+    torch_threads = torch.get_num_threads()
+    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    hydra_cfg, job_runtime = HydraConfig.instance().cfg, JobRuntime.instance().conf.copy()
+    Plugins.instance()  # Hydra's plugins imported, their configs stored: those stay
+    store = _tree_copy(ConfigStore.instance().repo)
+    threads, children, locks = set(threading.enumerate()), _children(), run_lock.held()
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        sys.argv[:] = argv
+        sys.path[:] = path
+        for key in set(os.environ) - set(environ):
+            del os.environ[key]
+        os.environ.update({k: v for k, v in environ.items() if os.environ.get(k) != v})
+        roots = tuple(str(folder.resolve()) + os.sep for folder in user_code)
+        for name in set(sys.modules) - modules:
+            file = getattr(sys.modules[name], "__file__", None)
+            if roots and file and os.path.realpath(file).startswith(roots):
+                del sys.modules[name]
+        _restore_loggers(loggers)
+        for sig, handler in handlers.items():
+            if handler is not None and signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler)
+        if torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        HydraConfig.instance().cfg = hydra_cfg
+        JobRuntime.instance().conf = job_runtime
+        ConfigStore.instance().repo = store
+    left = {t for t in threading.enumerate() if t not in threads and t.is_alive()}
+    assert not left, f"threads left running: {left}"
+    new_children = _children() - children
+    for pid in new_children:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not new_children, f"child processes left running: {new_children}"
+    assert run_lock.held() == locks, f"run folders left locked: {run_lock.held()}"
+
+
+def _children() -> set[int]:
+    """The live child processes of this process (of any of its threads)."""
+    found = set()
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            found.update(int(pid) for pid in (task / "children").read_text().split())
+    return {pid for pid in found if is_running(pid)}
+
+
+def _tree_copy(tree: Any) -> Any:
+    """A copy of nested dicts, the leaves shared (Hydra's config store: storing a config changes
+    only its dicts, and ConfigStore.load gives copies of the nodes)."""
+    return {k: _tree_copy(v) for k, v in tree.items()} if isinstance(tree, dict) else tree
+
+
+def _loggers_state() -> dict[str, tuple[Any, ...]]:
+    """Every logger's handlers, level, propagation and whether it is disabled, by name ("" for
+    the root)."""
+    loggers = {"": logging.root}
+    loggers.update((name, logger) for name, logger in logging.Logger.manager.loggerDict.items()
+                   if isinstance(logger, logging.Logger))  # fmt: skip
+    return {
+        name: (logger, list(logger.handlers), logger.level, logger.propagate, logger.disabled)
+        for name, logger in loggers.items()
+    }
+
+
+def _restore_loggers(saved: dict[str, tuple[Any, ...]]) -> None:
+    """The loggers `_loggers_state` saw, as it saw them; handlers added to them since, closed
+    (Hydra's console handler on the root, dpt's on `dpt`). Loggers made since are left as they
+    are: those of modules first imported meanwhile (torch's) are set up by the import, as in any
+    process that imports them."""
+    for logger, handlers, level, propagate, disabled in saved.values():
+        for handler in logger.handlers:
+            if handler not in handlers:
+                handler.close()
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate, logger.disabled = propagate, disabled
+
+
+def runs_in_process(argv: list[str], folder: Path) -> bool:
+    """Whether the command `train.py ARGV` (or `dpt ARGV`), run from `folder`, may run in this
+    process (`train_in_process`): it runs no rank beside the command's own process (no ddp or
+    fsdp world, no torchrun, no sweep, no loader worker processes) and this machine has no GPU
+    (`trainer.device=auto` would put CUDA into the test process, which forks later); a command
+    refused before any run, or one that only prints its config, too."""
+    if {"-m", "--multirun"} & set(argv):
+        return False
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from dpt.config import is_distributed
+    from dpt.errors import DptError
+
+    try:
+        with contextlib.chdir(folder):  # where a relative --config-dir is found
+            cfg = compose(*argv)
+    except (DptError, HydraException, OmegaConfBaseException):  # refused before any run
+        return True
+    if cfg is None:  # --cfg, --help: the config printed, nothing run
+        return True
+    return (
+        not torch.cuda.is_available()
+        and not is_distributed(cfg.strategy)
+        and cfg.launcher._target_.endswith(".LocalLauncher")
+        and cfg.dataset.num_workers == 0
+    )

@@ -1,4 +1,13 @@
-"""Bad input stops before any worker starts, with one line that names the key."""
+"""Bad input stops before any worker starts, with one line that names the key.
+
+Bad values and `--cfg job` are answered by the command's own process before any rank, fork
+server or run folder exists: they run in this process, through the command's entry point
+(tests.helpers.train_in_process: the exit code, stdout and stderr as that process would end
+with them), which saves a Python start-up each. Two stay commands of their own:
+`launcher=torchrun` outside torchrun is refused by the launcher, after Hydra made the run folder
+(and its `.hydra/` files) and the process locked it; `HYDRA_FULL_ERROR=1` is about what the
+interpreter prints for an exception that ends the process, a traceback.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import train
+from tests.helpers import train, train_in_process
 
 CASES = [
     ("trainer.batch_size=0", "Error: trainer.batch_size=0: must be >= 1"),
@@ -50,7 +59,7 @@ CASES = [
 @pytest.mark.parametrize(("override", "message"), CASES, ids=[c[0] for c in CASES])
 def test_bad_value_fails_fast_naming_the_key(tmp_path: Path, override: str, message: str) -> None:
     run_dir = tmp_path / "run"
-    result = train(run_dir, "strategy=ddp", override, check=False, timeout=60)
+    result = train_in_process("strategy=ddp", override, f"hydra.run.dir={run_dir}")
     assert result.returncode == 1
     assert result.stderr.strip() == message  # exactly one line, no traceback
     assert "[rank" not in result.stdout  # no worker ever started
@@ -83,6 +92,7 @@ def test_hydra_full_error_keeps_the_traceback(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_cfg_job_prints_the_config(tmp_path: Path) -> None:
-    result = train(None, "--cfg", "job", "strategy=ddp", "trainer.batch_size=16", timeout=60)
+    result = train_in_process("--cfg", "job", "strategy=ddp", "trainer.batch_size=16")
+    assert result.returncode == 0, result.output
     assert "_target_: dpt.loop.strategy.DDP" in result.stdout
     assert "batch_size: 16" in result.stdout

@@ -1,4 +1,5 @@
-"""`python train.py` on single, dp and ddp, as a user runs it."""
+"""single, dp and ddp end to end: what their runs write, and `python train.py` as a user runs
+it."""
 
 from __future__ import annotations
 
@@ -23,10 +24,19 @@ from tests.helpers import (
     load_weights,
     max_abs_diff,
     run_cmd,
+    run_here,
+    run_world,
     train,
+    world_run,
 )
 
 pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
+
+# The shared runs, compared with each other and read for their results, train as the ranks of
+# a spawned world (one start-up for both) and in this process (`run_here`: what `train.py
+# strategy=single` runs), as do the one-process runs that only compare weights and curves. What
+# a user sees of the processes themselves (console lines, progress bar, torchrun, the default
+# folder) starts train.py.
 
 STEPS = 20
 RANK_TAGS = {"train/loss", "train/samples_per_s", "time/step_s", "time/data_s", "optim/lr"}
@@ -37,20 +47,14 @@ WORLD_TAGS = {"train/loss", "train/samples_per_s"}
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """ddp on 2 ranks with batch 32 and single with batch 64, 20 steps each, SGD and Adam."""
     root = tmp_path_factory.mktemp("e2e")
-    out: dict[str, Path] = {}
-    for opt in ("sgd", "adam"):
-        common = [*FAST, f"optimizer={opt}", f"trainer.max_steps={STEPS}", "trainer.seed=3"]
-        out[f"single-{opt}"] = root / f"single-{opt}"
-        train(out[f"single-{opt}"], *common, "trainer.batch_size=64")
-        out[f"ddp-{opt}"] = root / f"ddp-{opt}"
-        train(
-            out[f"ddp-{opt}"],
-            *common,
-            "strategy=ddp",
-            "trainer.batch_size=32",
-            "launcher.nproc_per_node=2",
-        )
-    return out
+    common = {opt: [*FAST, f"optimizer={opt}", f"trainer.max_steps={STEPS}", "trainer.seed=3"]
+              for opt in ("sgd", "adam")}  # fmt: skip
+    ddp = ["strategy=ddp", "trainer.batch_size=32"]
+    run_world(2, [world_run(f"ddp-{opt}", root / f"ddp-{opt}", *overrides, *ddp)
+                  for opt, overrides in common.items()])  # fmt: skip
+    for opt, overrides in common.items():
+        run_here(root / f"single-{opt}", *overrides, "trainer.batch_size=64")
+    return {f"{kind}-{opt}": root / f"{kind}-{opt}" for kind in ("single", "ddp") for opt in common}
 
 
 @pytest.mark.timeout(300)
@@ -120,7 +124,7 @@ def test_hparams_written_for_the_run(runs: dict[str, Path]) -> None:
 
 @pytest.mark.timeout(300)
 def test_loss_falls_on_the_synthetic_task(tmp_path: Path) -> None:
-    train(tmp_path, *FAST, "trainer.epochs=3")
+    run_here(tmp_path, *FAST, "trainer.epochs=3")
     losses = [v for _, v in _scalars(tmp_path / "tb" / "world")["train/loss"]]
     assert len(losses) == 3 * 2048 // 64 // 5 + 3  # every 5 steps, plus each epoch's last step
     assert losses[-1] < 0.5 * losses[0]
@@ -157,7 +161,7 @@ def test_same_seed_same_weights_different_seed_different(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
     for name, seed in (("again", 3), ("other", 4)):  # the shared run's seed is 3
-        train(tmp_path / name, *SINGLE_SGD, f"trainer.seed={seed}")
+        run_here(tmp_path / name, *SINGLE_SGD, f"trainer.seed={seed}")
     first, again, other = (load_weights(p) for p in (runs["single-sgd"], tmp_path / "again",
                                                      tmp_path / "other"))  # fmt: skip
     assert max_abs_diff(first, again) == 0.0
@@ -170,8 +174,8 @@ def test_dp_without_two_gpus_runs_as_single_and_says_so(
 ) -> None:
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine has 2+ GPUs: dp really splits the batch here")
-    dp = train(tmp_path / "dp", *SINGLE_SGD, "trainer.seed=3", "strategy=dp")
-    warnings = [ln for ln in dp.output.splitlines() if "DataParallel needs 2 or more" in ln]
+    _, dp = run_here(tmp_path / "dp", *SINGLE_SGD, "trainer.seed=3", "strategy=dp")
+    warnings = [ln for ln in dp.splitlines() if "DataParallel needs 2 or more" in ln]
     assert len(warnings) == 1
     assert max_abs_diff(load_weights(tmp_path / "dp"), load_weights(runs["single-sgd"])) == 0.0
 
@@ -261,6 +265,7 @@ def test_progress_bar_on_a_terminal_plain_lines_otherwise(tmp_path: Path) -> Non
     os.close(leader)
     text = screen.decode(errors="replace")
     assert "20/20 [" in text and "step/s" in text  # tqdm's bar on rank 0...
-    piped = train(tmp_path / "pipe", *FAST, "trainer.max_steps=20")
-    assert "step/s" not in piped.stdout and "\r" not in piped.stdout  # ...and none in a pipe
-    assert "[rank 0] epoch 1 | step 20/20 |" in piped.stdout
+    # ...and none where stdout is no terminal (a pipe, a file: here a buffer of this process).
+    _, piped = run_here(tmp_path / "pipe", *FAST, "trainer.max_steps=20")
+    assert "step/s" not in piped and "\r" not in piped
+    assert "[rank 0] epoch 1 | step 20/20 |" in piped

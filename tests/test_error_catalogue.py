@@ -1,4 +1,13 @@
-"""Every row of docs/errors.md's bad-input table, run for real: the documented line, exactly."""
+"""Every row of docs/errors.md's bad-input table, run for real: the documented line, exactly.
+
+A row caught `before run` is refused by the command's own process before any rank, fork server
+or run folder exists: it runs in this process, through the command's entry point
+(`dpt.launch.cli.main`, with `sys.argv`, the current folder and the import path as the command's
+process has them; tests.helpers.train_in_process), which saves the start of a Python process per
+row and proves the same: the exit code, stdout and stderr as that process would end with them.
+A row caught `at start` starts a rank (or gets as far as the launcher) and runs as a command, in
+a process of its own.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +19,7 @@ import pytest
 import torch
 
 from scripts.make_coco_fixture import make_fixture
-from tests.helpers import FAST, REPO, read_checkpoint, train, write_shards
+from tests.helpers import FAST, REPO, read_checkpoint, train, train_in_process, write_shards
 
 CATALOGUE = REPO / "docs" / "errors.md"
 EXAMPLE = REPO / "examples" / "tasks"  # its classes and conf/ (rows that start there)
@@ -33,7 +42,8 @@ ROWS = _rows()
 
 
 @pytest.fixture(scope="module")
-def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The bad inputs made in a moment: COCO fixtures, image folders, an old checkpoint file."""
     root = tmp_path_factory.mktemp("catalogue")
     coco = root / "coco"
     make_fixture(coco)
@@ -48,18 +58,31 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     make_fixture(truncated)
     ann = truncated / "annotations" / "instances_train2017.json"
     ann.write_text(ann.read_text()[:500])
-    broken_shards = root / "broken_shards"  # dpt-shards' output, its training shards deleted
-    write_shards("--coco", str(coco), "--out", str(broken_shards), "--shard-size-mb", "0.02")
-    for shard in broken_shards.glob("train2017-*.tar"):
-        shard.unlink()
-    run = root / "mlp_run"
-    train(run, *FAST, "trainer.max_steps=2")
+    old = root / "step-00000002.pt"  # a file, as checkpoints were before DCP
+    torch.save({}, old)
     return {
         **_image_folders(root, coco),
         "coco": coco,
         "empty_coco": empty,
         "empty_json_coco": empty_json,
         "truncated_coco": truncated,
+        "old_checkpoint": old,
+    }
+
+
+@pytest.fixture(scope="module")
+def made_by_runs(inputs: dict[str, Path]) -> dict[str, Path]:
+    """The bad inputs that dpt's commands make first (seconds each; only rows that use them ask
+    for them): shards without their training shards, broken copies of a run's checkpoint."""
+    root = inputs["coco"].parent
+    broken_shards = root / "broken_shards"  # dpt-shards' output, its training shards deleted
+    write_shards("--coco", str(inputs["coco"]), "--out", str(broken_shards),
+                 "--shard-size-mb", "0.02")  # fmt: skip
+    for shard in broken_shards.glob("train2017-*.tar"):
+        shard.unlink()
+    run = root / "mlp_run"
+    train(run, *FAST, "trainer.max_steps=2")
+    return {
         "broken_shards": broken_shards,
         **_checkpoints(root, run / "checkpoints" / "step-00000002"),
     }
@@ -112,8 +135,6 @@ def _checkpoints(root: Path, good: Path) -> dict[str, Path]:
     junk_marker = root / "junk_marker" / good.name
     shutil.copytree(good, junk_marker)
     (junk_marker / "COMMITTED").write_bytes(b"\x07junk")
-    old = root / "step-00000002.pt"  # a file, as checkpoints were before DCP
-    torch.save({}, old)
     return {
         "mlp_checkpoint": good,
         "corrupt_checkpoint": copies["corrupt"],
@@ -123,7 +144,6 @@ def _checkpoints(root: Path, good: Path) -> dict[str, Path]:
         "junked_run": junked,
         "history_run": history,
         "junk_marker_checkpoint": junk_marker,
-        "old_checkpoint": old,
     }
 
 
@@ -159,6 +179,17 @@ def test_the_catalogue_covers_what_the_issue_lists() -> None:
         assert needed.replace("`", "") in cases, needed
 
 
+def _paths(request: pytest.FixtureRequest, text: str) -> dict[str, Path]:
+    """The paths a row names: `inputs`, and `made_by_runs` only where the row names one of
+    those."""
+    paths = request.getfixturevalue("inputs")
+    try:
+        text.format(**paths)
+    except KeyError:
+        paths = {**paths, **request.getfixturevalue("made_by_runs")}
+    return paths
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("case", "arguments", "message", "when"),
@@ -168,16 +199,22 @@ def test_the_catalogue_covers_what_the_issue_lists() -> None:
     ids=[f"{i:02d}-{r[0]}" for i, r in enumerate(ROWS)],
 )
 def test_documented_message(
-    tmp_path: Path, paths: dict[str, Path], case: str, arguments: str, message: str, when: str
-) -> None:
+    request: pytest.FixtureRequest, tmp_path: Path, case: str, arguments: str, message: str,
+    when: str,
+) -> None:  # fmt: skip
     if torch.cuda.is_available() and any(g in case for g in GPU_ROWS):
         pytest.skip("documented for a machine without CUDA")
+    paths = _paths(request, arguments + message)
     args = shlex.split(arguments.format(**paths))
     expected = message.format(**paths)
     run_dir = tmp_path / "run"
     explicit_dir = any(a.startswith("hydra.run.dir=") for a in args)
-    result = train(None if explicit_dir else run_dir, *args, check=False, timeout=110,
-                   env={"PYTHONPATH": str(EXAMPLE)})  # the tasks example's modules  # fmt: skip
+    argv = [*args, *([] if explicit_dir else [f"hydra.run.dir={run_dir}"])]
+    if when == "before run":  # as `python train.py ARGS` from the checkout, in this process
+        result = train_in_process(*argv, cwd=REPO, import_from=(EXAMPLE,))
+    else:
+        result = train(None, *argv, check=False, timeout=110,
+                       env={"PYTHONPATH": str(EXAMPLE)})  # the tasks example's modules  # fmt: skip
     assert result.returncode == 1, result.output
     line = result.stderr.strip()
     assert "\n" not in line and "Traceback" not in line, line

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,11 +31,17 @@ from tests.helpers import (
     load_weights,
     read_checkpoint,
     run_until,
+    run_world,
     session_members,
     train,
+    world_run,
 )
 
 pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
+
+# The faults are injected into real processes (train.py, torchrun). The 2-rank runs that are only
+# compared with them or resumed after them, with nothing to say about processes, train in one
+# spawned world (one start-up: `world` below).
 
 DDP = [
     "strategy=ddp",
@@ -131,30 +138,26 @@ def _sigkill_rank_1_at_step_10(run_dir: Path, overrides: list[str]) -> Result:
     return run_until(run_dir, overrides, "[rank 0] epoch 1 | step 10/", kill_rank_1)
 
 
-@pytest.mark.timeout(300)
-def test_max_restarts_restarts_the_world_and_continues_from_the_checkpoint(tmp_path: Path) -> None:
-    common = [
-        *FAST,
-        *DDP,
-        "trainer.max_steps=40",
-        "checkpoint.every_n_steps=5",
-        "model.hidden_dims=[512,512]",
-    ]
-    train(tmp_path / "full", *common)
-    result = _sigkill_rank_1_at_step_10(tmp_path / "cut", [*common, "launcher.max_restarts=1"])
+RESTARTED = [*FAST, *DDP, "trainer.max_steps=40", "checkpoint.every_n_steps=5",
+             "model.hidden_dims=[512,512]"]  # fmt: skip
+# The launcher killed mid-run, the folder then resumed by the same command (to step 30).
+LAUNCHER_KILLED = [*FAST, *DDP, "trainer.max_steps=400", "checkpoint.every_n_steps=5",
+                   "model.hidden_dims=[512,512]"]  # fmt: skip
+
+
+@pytest.mark.timeout(600)  # the first test of the world builds it
+def test_max_restarts_restarts_the_world_and_continues_from_the_checkpoint(
+    tmp_path: Path, world: dict[str, Any]
+) -> None:
+    result = _sigkill_rank_1_at_step_10(tmp_path / "cut", [*RESTARTED, "launcher.max_restarts=1"])
     assert result.returncode == 0, result.output
     assert "resumed from" in result.stdout
-    full, cut = load_weights(tmp_path / "full"), load_weights(tmp_path / "cut")
+    full, cut = load_weights(world["restarts-full"].run_dir), load_weights(tmp_path / "cut")
     assert all(torch.equal(full[k], cut[k]) for k in full)
 
 
-@pytest.mark.timeout(240)
-def test_a_killed_launcher_takes_its_ranks_with_it_and_the_folder_resumes(tmp_path: Path) -> None:
-    """SIGKILL of the `dpt` process (the OOM killer, a scheduler's hard kill): its fork server
-    and ranks end within seconds (parent-death signals), and the run folder is free for the
-    same command, which resumes from the newest checkpoint the ranks committed."""
-    common = [*FAST, *DDP, "trainer.max_steps=400", "checkpoint.every_n_steps=5",
-              "model.hidden_dims=[512,512]"]  # fmt: skip
+def _kill_the_launcher(run: Path) -> dict[str, Any]:
+    """SIGKILL of the `dpt` process at step 10: its result, and how long its ranks outlived it."""
     gone_after: list[float] = []
 
     def kill_the_launcher(proc: subprocess.Popen[str], line: str) -> None:
@@ -168,15 +171,26 @@ def test_a_killed_launcher_takes_its_ranks_with_it_and_the_folder_resumes(tmp_pa
 
         threading.Thread(target=watch, daemon=True).start()
 
-    killed = run_until(tmp_path, common, "[rank 0] epoch 1 | step 10/", kill_the_launcher)
-    assert killed.returncode == -signal.SIGKILL
+    killed = run_until(run, LAUNCHER_KILLED, "[rank 0] epoch 1 | step 10/", kill_the_launcher)
     deadline = time.monotonic() + 35
     while not gone_after and time.monotonic() < deadline:
         time.sleep(0.1)
+    return {"result": killed, "gone_after": gone_after, "newest": committed_checkpoints(run)[-1]}
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_launcher_takes_its_ranks_with_it_and_the_folder_resumes(
+    world: dict[str, Any],
+) -> None:
+    """SIGKILL of the `dpt` process (the OOM killer, a scheduler's hard kill): its fork server
+    and ranks end within seconds (parent-death signals), and the run folder is free for the
+    same command, which resumes from the newest checkpoint the ranks committed."""
+    killed = world["launcher-killed"]
+    assert killed["result"].returncode == -signal.SIGKILL
+    gone_after = killed["gone_after"]
     assert gone_after and gone_after[0] < 10, gone_after
-    newest = committed_checkpoints(tmp_path)[-1]
-    resumed = train(tmp_path, *common, "trainer.max_steps=30")
-    assert f"resumed from {newest} at step" in resumed.stdout
+    resumed = world["launcher-killed-resumed"]
+    assert f"resumed from {killed['newest']} at step" in resumed.stdout
 
 
 @pytest.mark.timeout(180)
@@ -358,29 +372,58 @@ def test_a_stopped_rank_is_named_and_the_run_ends_within_the_timeout(tmp_path: P
 # --- damaged checkpoints --------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def finished_ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """24 steps of 2 ddp ranks, checkpoints at steps 8, 16 and 24."""
-    run = tmp_path_factory.mktemp("damage") / "run"
-    train(run, *DAMAGE_RUN)
-    assert [p.name for p in committed_checkpoints(run)] == [
-        "step-00000008", "step-00000016", "step-00000024"]  # fmt: skip
-    return run
+def _cut_off(run: Path) -> None:
+    """The run as if killed after its last checkpoint: no results yet."""
+    for result in ("metrics.json", "model.pt", "model_best.pt"):
+        (run / result).unlink(missing_ok=True)
 
 
 def _cut_off_copy(run: Path, tmp_path: Path) -> Path:
-    """The run as if killed after its last checkpoint: no results yet."""
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
-    for result in ("metrics.json", "model.pt", "model_best.pt"):
-        (copy / result).unlink(missing_ok=True)
+    _cut_off(copy)
     return copy
+
+
+def _newest_damaged(run: Path) -> None:
+    """Cut off after its last checkpoint, and that checkpoint junk."""
+    _cut_off(run)
+    junk_files(run / "checkpoints" / "step-00000024")
 
 
 DAMAGE_RUN = [*FAST, *DDP, "trainer.max_steps=24", "checkpoint.every_n_steps=8"]
 
 
-@pytest.mark.timeout(180)
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The launcher killed (train.py, SIGKILL), then in one 2-rank world: its folder resumed by
+    the same command; the run the restarted world must end as; 24 steps with checkpoints at
+    steps 8, 16 and 24 (`damage`), then a copy of them cut off, its newest checkpoint damaged,
+    resumed."""
+    root = tmp_path_factory.mktemp("world")
+    killed = _kill_the_launcher(root / "launcher-killed")
+    runs = [
+        world_run("launcher-killed-resumed", root / "launcher-killed", *LAUNCHER_KILLED,
+                  "trainer.max_steps=30"),
+        world_run("restarts-full", root / "restarts-full", *RESTARTED),
+        world_run("damage", root / "damage", *DAMAGE_RUN),
+        world_run("newest-damaged", root / "newest-damaged", *DAMAGE_RUN,
+                  copy_from=root / "damage", prepare=_newest_damaged),
+    ]  # fmt: skip
+    run_world(2, runs)
+    return {"launcher-killed": killed} | {run.name: run for run in runs}
+
+
+@pytest.fixture(scope="module")
+def finished_ddp_run(world: dict[str, Any]) -> Path:
+    """24 steps of 2 ddp ranks, checkpoints at steps 8, 16 and 24."""
+    run = world["damage"].run_dir
+    assert [p.name for p in committed_checkpoints(run)] == [
+        "step-00000008", "step-00000016", "step-00000024"]  # fmt: skip
+    return run
+
+
+@pytest.mark.timeout(600)
 def test_every_checkpoint_damaged_is_refused_with_nothing_trained_or_moved(
     tmp_path: Path, finished_ddp_run: Path
 ) -> None:
@@ -400,18 +443,16 @@ def test_every_checkpoint_damaged_is_refused_with_nothing_trained_or_moved(
     assert {name: file_tree(run / name) for name in kept} == kept
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_a_damaged_newest_checkpoint_is_skipped_said_and_the_run_ends_as_before(
-    tmp_path: Path, finished_ddp_run: Path
+    world: dict[str, Any], finished_ddp_run: Path
 ) -> None:
-    run = _cut_off_copy(finished_ddp_run, tmp_path)
-    newest = run / "checkpoints" / "step-00000024"
-    junk_files(newest)
-    result = train(run, *DAMAGE_RUN)
-    skipped = [line for line in result.stdout.splitlines() if "skipped" in line]
+    resumed = world["newest-damaged"]
+    run, newest = resumed.run_dir, resumed.run_dir / "checkpoints" / "step-00000024"
+    skipped = [line for line in resumed.stdout.splitlines() if "skipped" in line]
     assert skipped == [
         f"[rank 0] skipped: checkpoint {newest} is damaged: its COMMITTED marker cannot be read"
     ]
-    assert f"resumed from {run}/checkpoints/step-00000016 at step 16" in result.stdout
+    assert f"resumed from {run}/checkpoints/step-00000016 at step 16" in resumed.stdout
     before, after = load_weights(finished_ddp_run), load_weights(run)
     assert all(torch.equal(before[k], after[k]) for k in before)  # steps 17-24 again, the same

@@ -13,11 +13,16 @@ from tests.helpers import (
     load_weights,
     max_abs_diff,
     read_checkpoint,
-    train,
+    run_here,
+    run_world,
     weight_and_statistics_diff,
+    world_run,
 )
 
-pytestmark = pytest.mark.slow  # every test here starts train.py
+pytestmark = pytest.mark.slow  # every test here trains ResNets or ranks
+
+# The 2-rank runs train in one spawned world (one start-up for both), the one-process runs in
+# this process (`run_here`: what `train.py strategy=single` runs).
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +64,11 @@ def test_an_image_folder_run_resumed_on_another_world_size_equals_the_uninterrup
     ddp = ["strategy=ddp", "strategy.sync_batchnorm=true", "launcher.nproc_per_node=2",
            "trainer.batch_size=4", "dataset.num_workers=2"]  # fmt: skip
     single = ["strategy=single", "trainer.batch_size=8", "dataset.num_workers=0"]
-    train(tmp_path / "full", *common, *ddp, "trainer.max_steps=7", timeout=240)
-    train(tmp_path / "cut", *common, *ddp, "trainer.max_steps=4", timeout=240)
-    resumed = train(tmp_path / "cut", *common, *single, "trainer.max_steps=7", timeout=240)
-    assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
-    assert "resuming at sample" not in resumed.stdout  # the same global batch: same samples
+    run_world(2, [world_run(name, tmp_path / name, *common, *ddp, f"trainer.max_steps={steps}")
+                  for name, steps in (("full", 7), ("cut", 4))])  # fmt: skip
+    _, resumed = run_here(tmp_path / "cut", *common, *single, "trainer.max_steps=7")
+    assert "resumed from" in resumed and "at step 4" in resumed
+    assert "resuming at sample" not in resumed  # the same global batch: same samples
     weights = load_weights(tmp_path / "full")
     # The weights within 1e-6; BatchNorm's running statistics within 2e-6 of their size (sums
     # of squares that one process and 2 ranks round otherwise: tests/helpers.py).
@@ -81,9 +86,9 @@ def test_an_image_folder_run_resumed_on_another_world_size_equals_the_uninterrup
 def test_a_torchvision_classifier_by_name_trains(tmp_path: Path, shapes: Path, name: str) -> None:
     common = [o for o in _data(shapes) if not o.startswith("model=")]
     short = ["trainer.batch_size=4", "trainer.max_steps=2", "dataset.num_workers=0"]
-    result = train(tmp_path, *common, "model=torchvision", f"model.name={name}", *short)
-    assert "2 steps (trainer.max_steps" in result.stdout
-    assert "| step 2/2 |" in result.stdout
+    _, result = run_here(tmp_path, *common, "model=torchvision", f"model.name={name}", *short)
+    assert "2 steps (trainer.max_steps" in result
+    assert "| step 2/2 |" in result
     weights = load_weights(tmp_path)
     assert any(v.shape[0] == 4 for k, v in weights.items() if k.endswith("weight"))  # 4 classes
     shutil.rmtree(tmp_path / "checkpoints")  # large; nothing reads them

@@ -17,7 +17,21 @@ from dpt.data.fake_images import FakeImages
 from dpt.errors import DptError
 from dpt.models.resnet import resnet
 from scripts.make_coco_fixture import make_fixture
-from tests.helpers import FAST, load_weights, run_until, train
+from tests.helpers import (
+    FAST,
+    WorldRun,
+    load_weights,
+    run_here,
+    run_until,
+    run_world,
+    train,
+    world_run,
+)
+
+# The 2-rank runs train in one spawned world (one start-up: `ddp_runs` below), the one-process
+# runs that are only compared or read in this process (`run_here`: what `train.py
+# strategy=single` runs). Processes are started where the test is about one: a SIGKILL, a
+# run's last line, or 3 ranks through the launcher.
 
 SMALL = [
     "dataset.image_size=32",
@@ -34,18 +48,32 @@ def coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+# lr=0 keeps the initial weights, so every world size must report the same numbers.
+VALIDATION = ["dataset.num_val_samples=101", "optimizer.lr=0", "trainer.max_steps=2",
+              "strategy=ddp", "trainer.batch_size=8"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(coco: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, WorldRun]:
+    """Every 2-rank run of this file, in one world: ResNet-18 on the COCO fixture, the same in
+    batches of one image, the validation of 101 samples."""
+    root = tmp_path_factory.mktemp("ddp")
+    runs = [
+        world_run("coco", root / "coco", "experiment=coco_resnet18", f"dataset.root={coco}",
+                  *SMALL, "trainer.epochs=1"),
+        world_run("ones", root / "ones", "dataset=coco", "model=resnet18", f"dataset.root={coco}",
+                  "dataset.image_size=64", "dataset.num_workers=0", "trainer.batch_size=1",
+                  "trainer.epochs=1", "trainer.log_every_n_steps=5", "strategy=ddp"),
+        world_run("validation-2", root / "validation-2", *FAST, *VALIDATION),
+    ]  # fmt: skip
+    run_world(2, runs)
+    return {run.name: run for run in runs}
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_ddp_trains_resnet18_on_the_coco_fixture(coco: Path, tmp_path: Path) -> None:
-    result = train(
-        tmp_path,
-        "experiment=coco_resnet18",
-        f"dataset.root={coco}",
-        *SMALL,
-        "trainer.epochs=1",
-        "launcher.nproc_per_node=2",
-        timeout=280,
-    )
+@pytest.mark.timeout(600)  # the first test of the world builds it
+def test_ddp_trains_resnet18_on_the_coco_fixture(coco: Path, ddp_runs: dict[str, WorldRun]) -> None:
+    result, tmp_path = ddp_runs["coco"], ddp_runs["coco"].run_dir
     assert "strategy=ddp | world size 2" in result.stdout
     assert (
         "coco train2017: kept 30 of 32 images (2 without a non-crowd annotation)" in result.stdout
@@ -101,13 +129,15 @@ def test_augmented_coco_killed_with_2_workers_resumes_with_1_bit_equal(
         "experiment=coco_resnet18", f"dataset.root={coco}", *SMALL, "strategy=single",
         "dataset.val_split=null", "trainer.epochs=2", "checkpoint.every_n_steps=10",
     ]  # fmt: skip
-    train(tmp_path / "full", *common, "dataset.num_workers=2", timeout=280)
+    run_here(tmp_path / "full", *common, "dataset.num_workers=2")
+    # The killed process on one thread, as the runs in this process: the same sums, to the bit.
     killed = run_until(tmp_path / "cut", [*common, "dataset.num_workers=2"], "step 12/14",
-                       lambda proc, _: os.killpg(proc.pid, signal.SIGKILL))  # fmt: skip
+                       lambda proc, _: os.killpg(proc.pid, signal.SIGKILL),
+                       env={"OMP_NUM_THREADS": "1"})  # fmt: skip
     assert killed.returncode == -signal.SIGKILL
     assert not (tmp_path / "cut" / "model.pt").exists()  # it really died before the end
-    resumed = train(tmp_path / "cut", *common, "dataset.num_workers=1", timeout=280)
-    assert "resumed from" in resumed.stdout
+    _, resumed = run_here(tmp_path / "cut", *common, "dataset.num_workers=1")
+    assert "resumed from" in resumed
     full, cut = load_weights(tmp_path / "full"), load_weights(tmp_path / "cut")
     assert full.keys() == cut.keys()
     for key in full:
@@ -115,22 +145,18 @@ def test_augmented_coco_killed_with_2_workers_resumes_with_1_bit_equal(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_validation_counts_each_sample_once_for_world_sizes_1_2_3(tmp_path: Path) -> None:
-    # lr=0 keeps the initial weights, so every world size must report the same numbers.
-    common = [
-        *FAST,
-        "dataset.num_val_samples=101",
-        "optimizer.lr=0",
-        "trainer.max_steps=2",
-        "strategy=ddp",
-        "trainer.batch_size=8",
-    ]
-    results = {}
+@pytest.mark.timeout(600)
+def test_validation_counts_each_sample_once_for_world_sizes_1_2_3(
+    ddp_runs: dict[str, WorldRun], tmp_path: Path
+) -> None:
+    """2 ranks in the world, 3 through the launcher (train.py), 1 in this process."""
+    run_here(tmp_path / "1", *FAST, *VALIDATION)
+    train(tmp_path / "3", *FAST, *VALIDATION, "launcher.nproc_per_node=3")
+    folders = {1: tmp_path / "1", 2: ddp_runs["validation-2"].run_dir, 3: tmp_path / "3"}
+    results = {world: json.loads((folder / "metrics.json").read_text())["val"]
+               for world, folder in folders.items()}  # fmt: skip
     for world in (1, 2, 3):
-        train(tmp_path / str(world), *common, f"launcher.nproc_per_node={world}")
-        results[world] = json.loads((tmp_path / str(world) / "metrics.json").read_text())["val"]
-    for world in (1, 2, 3):
+        assert json.loads((folders[world] / "metrics.json").read_text())["world_size"] == world
         assert results[world]["val/samples"] == 101
         assert results[world]["val/acc1"] == pytest.approx(results[1]["val/acc1"], abs=1e-6)
         assert results[world]["val/loss"] == pytest.approx(results[1]["val/loss"], rel=1e-5)
@@ -164,7 +190,7 @@ def test_fake_images_are_torchvisions_without_touching_the_global_generator(
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_resnet18_on_fake_images(tmp_path: Path) -> None:
-    train(
+    run_here(
         tmp_path,
         "model=resnet18",
         "dataset=fake_images",
@@ -248,21 +274,17 @@ def test_local_weights_load_except_a_head_of_another_size(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_batches_of_only_unreadable_images_are_skipped_and_counted(
-    coco: Path, tmp_path: Path
+    ddp_runs: dict[str, WorldRun],
 ) -> None:
     """Batches of one image (64 px: ResNet-18 trains on one image only with more than one value
     per channel left): the unreadable ones make empty batches, in training (every rank
     still takes the step) and in validation. The documented on_bad_image=skip holds."""
-    result = train(
-        tmp_path, "dataset=coco", "model=resnet18", f"dataset.root={coco}",
-        "dataset.image_size=64", "dataset.num_workers=0", "trainer.batch_size=1",
-        "trainer.epochs=1", "trainer.log_every_n_steps=5", "strategy=ddp",
-        timeout=280,
-    )  # fmt: skip
+    result = ddp_runs["ones"]
     assert "2 unreadable samples skipped" in result.stdout
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = json.loads((result.run_dir / "metrics.json").read_text())
+    assert metrics["world_size"] == 2
     assert metrics["bad_samples"] == 2
     assert metrics["samples"] == 28  # 30 kept train images, 2 unreadable: each trained once
     assert metrics["val"]["val/samples"] == 11  # 13 kept val images, 2 unreadable

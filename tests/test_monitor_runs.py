@@ -21,21 +21,30 @@ from dpt.monitor.events import read_events
 from tests.helpers import (
     REPO,
     TRAIN,
+    WorldRun,
     build_trainer,
     committed_checkpoints,
-    free_port,
     job_tb,
     joined_world,
     load_weights,
     max_abs_diff,
     one_thread,
     run_cmd,
+    run_here,
     run_until,
+    shared_port,
     summary,
     train,
+    world_rank_runs,
+    world_run,
 )
 
-pytestmark = pytest.mark.slow  # every test here starts train.py
+pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
+
+# The 2-rank runs train in one spawned world (one start-up: `world` below), the one-process runs
+# that only compare weights or read the console in this process (`run_here`: what `train.py
+# strategy=single` runs). Processes are started where the test is about one: a SIGKILL, an exit
+# status and the last line on stderr, a sweep.
 
 CONF = ["--config-dir", str(REPO / "tests" / "monitor_data" / "conf")]
 # 34 global batches of 64 an epoch, in index order; samples 1024..1151 (batches 17 and 18 of
@@ -77,10 +86,12 @@ def poisoned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     never saw it)."""
     root = tmp_path_factory.mktemp("poisoned")
     sweep = root / "sweep"
+    # On one thread, as the run in this process: weights compared to the bit (or within 1e-6)
+    # come from the same sums.
     run_cmd([sys.executable, str(TRAIN), "-m", *POISONED, "monitor.grad_diagnostics_every=8",
              "monitor.loss_spike.action=off,warn,skip,rollback", f"hydra.sweep.dir={sweep}"],
-            timeout=240)  # fmt: skip
-    train(root / "dropped", *POISONED, "dataset.poison=drop")
+            timeout=240, env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    run_here(root / "dropped", *POISONED, "dataset.poison=drop")
     runs = {row["overrides"].split("=")[-1]: sweep / row["job_dir"] for row in summary(sweep)}
     return {**runs, "sweep": sweep, "dropped": root / "dropped"}
 
@@ -146,34 +157,27 @@ def test_the_sweep_counts_each_jobs_events_and_diagnostics_reach_tensorboard(
     assert all(value > 0 for _, value in _scalars(world, "grads/4/update_ratio"))
 
 
+@pytest.mark.timeout(600)  # the first test of the world builds it
 def test_a_rollback_killed_on_2_ranks_resumes_to_the_weights_of_the_run_not_killed(
-    tmp_path: Path,
+    world: dict[str, Any],
 ) -> None:
-    ddp = [*POISONED, "trainer.epochs=1", "monitor.loss_spike.action=rollback", "strategy=ddp",
-           "launcher.nproc_per_node=2", "trainer.batch_size=32"]  # fmt: skip
-    train(tmp_path / "full", *ddp, timeout=180)
-    killed = tmp_path / "killed"
-    run_until(killed, ddp, "rolled back to step 16",
-              lambda proc, _: os.killpg(proc.pid, signal.SIGKILL))  # fmt: skip
-    assert [e["step"] for e in read_events(killed)] == [17]  # written before the kill
-    train(killed, *ddp, timeout=180)
-    assert max_abs_diff(load_weights(killed), load_weights(tmp_path / "full")) < 1e-6
+    killed, full = world["rollback-killed"].run_dir, world["rollback-full"].run_dir
+    assert world["events-at-kill"] == [17]  # written before the kill
+    assert max_abs_diff(load_weights(killed), load_weights(full)) < 1e-6
     # The log follows the run's line: the replayed rollback is written once.
-    assert _events(killed) == _events(tmp_path / "full")
-    assert len(read_events(tmp_path / "full")) == 2
+    assert _events(killed) == _events(full)
+    assert len(read_events(full)) == 2
     [aside] = killed.glob("events.abandoned-*.jsonl")
     assert len(aside.read_text().splitlines()) == 1
 
 
-def test_a_non_finite_value_is_traced_to_the_module_that_divides_by_zero(tmp_path: Path) -> None:
+@pytest.mark.timeout(600)  # the first test of the world builds it
+def test_a_non_finite_value_is_traced_to_the_module_that_divides_by_zero(
+    world: dict[str, Any],
+) -> None:
     """The poisoned samples' first feature is 0; the model's `ratio` divides by it. Under fsdp:
     the ranks replay rank 0's batch together (every forward gathers the weights)."""
-    overrides = [*CONF, "dataset=poisoned", "model=dividing", "dataset.poison=zero",
-                 "dataset.num_samples=512", "dataset.poison_start=320", "dataset.poison_end=448",
-                 "trainer.epochs=1", "trainer.on_nonfinite=skip", "strategy=fsdp",
-                 "trainer.batch_size=32"]  # fmt: skip
-    train(tmp_path, *overrides, timeout=180)
-    events = read_events(tmp_path)
+    events = read_events(world["nonfinite-fsdp"].run_dir)
     assert [(e["step"], e["module"], e["action"]) for e in events] == [
         (6, "ratio", "skip"), (7, "ratio", "skip")  # samples 320..447 of a global batch of 64
     ]  # fmt: skip
@@ -198,7 +202,7 @@ def test_a_loader_that_slows_down_is_a_slowdown_event(tmp_path: Path) -> None:
     # From step 9 on every sample takes 2 ms more to load: a step of 64, 128 ms more.
     overrides = [*CONF, "dataset=slow", "trainer.epochs=1", "trainer.log_every_n_steps=1",
                  "monitor.slowdown.span_s=0.01", "monitor.slowdown.patience=2"]  # fmt: skip
-    result = train(tmp_path, *overrides)
+    result = train(tmp_path, *overrides)  # a process of its own: step times as a user sees them
     [event] = read_events(tmp_path)
     assert (event["detector"], event["signal"], event["action"]) == ("slowdown", "step_time",
                                                                      "warn")  # fmt: skip
@@ -222,8 +226,8 @@ def test_stop_checkpoints_and_ends_with_exit_1(tmp_path: Path) -> None:
     )
     assert stopped is not None, line
     assert [c.name for c in committed_checkpoints(tmp_path)][-1] == f"step-000000{stopped[1]}"
-    resumed = train(tmp_path, *POISONED, "trainer.epochs=1", "monitor.loss_spike.action=off")
-    assert f"at step {int(stopped[1])}" in resumed.stdout
+    _, resumed = run_here(tmp_path, *POISONED, "trainer.epochs=1", "monitor.loss_spike.action=off")
+    assert f"at step {int(stopped[1])}" in resumed
 
 
 @pytest.mark.parametrize(
@@ -278,28 +282,59 @@ def _clean_run(run_dir: Path, env: Any, overrides: list[str]) -> dict[str, Any]:
     return {name: detector.level.added for name, detector in trainer.monitor.spikes.items()}
 
 
-def _clean_world(rank: int, world: int, port: int, out: Path) -> None:
-    """One 2-rank world (one start-up) for every ddp and fsdp run."""
-    with joined_world(rank, world, port) as env:
+# The rollback of a run killed on 2 ranks, resumed in the world, and the run not killed; fsdp
+# replaying a non-finite step to find its module.
+ROLLBACK_DDP = [*POISONED, "trainer.epochs=1", "monitor.loss_spike.action=rollback",
+                "strategy=ddp", "launcher.nproc_per_node=2", "trainer.batch_size=32"]  # fmt: skip
+DIVIDING_FSDP = [*CONF, "dataset=poisoned", "model=dividing", "dataset.poison=zero",
+                 "dataset.num_samples=512", "dataset.poison_start=320", "dataset.poison_end=448",
+                 "trainer.epochs=1", "trainer.on_nonfinite=skip", "strategy=fsdp",
+                 "trainer.batch_size=32"]  # fmt: skip
+
+
+def _world(rank: int, world: int, runs: list[WorldRun], out: Path) -> None:
+    """One 2-rank world (one start-up) for every ddp and fsdp run: the runs as a rank runs them
+    (`run_worker`), then the clean runs, trained as a rank trains them to read their monitor."""
+    world_rank_runs(rank, world, runs)
+    with joined_world(rank, world, shared_port(rank, out / "clean.port")) as env:
         judged = {name: _clean_run(out / name, env, overrides)
                   for name, overrides in CLEAN_IN_WORLD.items()}  # fmt: skip
         if env.is_main:
             (out / "judged.json").write_text(json.dumps(judged))
 
 
-@pytest.mark.timeout(400)
-def test_clean_runs_raise_no_event(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A rollback killed on 2 ranks (train.py, SIGKILL once the rollback is logged), then every
+    2-rank run of this file in one world."""
+    out = tmp_path_factory.mktemp("world")
+    killed = out / "rollback-killed"
+    run_until(killed, ROLLBACK_DDP, "rolled back to step 16",
+              lambda proc, _: os.killpg(proc.pid, signal.SIGKILL))  # fmt: skip
+    at_kill = [e["step"] for e in read_events(killed)]
+    runs = [
+        world_run("rollback-full", out / "rollback-full", *ROLLBACK_DDP),
+        world_run("rollback-killed", killed, *ROLLBACK_DDP),
+        world_run("nonfinite-fsdp", out / "nonfinite-fsdp", *DIVIDING_FSDP),
+    ]
+    mp.spawn(_world, args=(2, runs, out), nprocs=2, join=True)
+    judged = json.loads((out / "judged.json").read_text())
+    return {"events-at-kill": at_kill, "judged": judged, "out": out} | {r.name: r for r in runs}
+
+
+@pytest.mark.timeout(600)
+def test_clean_runs_raise_no_event(world: dict[str, Any], tmp_path: Path) -> None:
     """The MLP on 3 seeds under single, and under ddp and fsdp; ResNet-18 on 2 seeds under single,
     and under ddp and fsdp: no event, while both spike detectors judged every step past their
     warm-up."""
-    mp.spawn(_clean_world, args=(2, free_port(), tmp_path), nprocs=2, join=True)
-    judged = json.loads((tmp_path / "judged.json").read_text())
+    judged = dict(world["judged"])
     cpu = env_from_environment("cpu")
     with one_thread():
         judged |= {name: _clean_run(tmp_path / name, cpu, overrides)
                    for name, overrides in CLEAN_SINGLE.items()}  # fmt: skip
     for name, overrides in {**CLEAN_IN_WORLD, **CLEAN_SINGLE}.items():
-        assert not (tmp_path / name / "events.jsonl").exists(), name
+        run = (world["out"] if name in CLEAN_IN_WORLD else tmp_path) / name
+        assert not (run / "events.jsonl").exists(), name
         steps = int(next(o for o in overrides if "max_steps" in o).split("=")[1])
         # Every step's value was accepted into the level: none alarmed.
         assert judged[name] == {"loss_spike": steps, "grad_spike": steps}, name

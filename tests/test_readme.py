@@ -5,6 +5,22 @@ The commands come out of the README's ```bash blocks, in order, and run in one t
 README's own command). A run that does not set it gets `trainer.max_steps=2`, as the README says
 to keep CPU runs short, and its own `hydra.run.dir` (`hydra.sweep.dir` for `-m`) in that folder.
 The console transcripts (```` ``` ```` blocks of `$ command` lines) must print what they show.
+
+Where a command runs: `python train.py ...` lines that run no rank beside the command's own
+process (no ddp/fsdp world, no torchrun, no sweep, no loader worker processes: dataset
+num_workers=0) and need no GPU on this machine, and the config-only answers (`--cfg job`, the
+transcripts' one-line errors), run in this process, through the command's entry point
+(`dpt.launch.cli.main`; tests.helpers.train_in_process: `sys.argv`, the current folder, stdout,
+stderr, logging and warnings as that command's process has them), which saves a Python and
+torch start-up per line. That proves what the line's own words decide, the whole run of its
+overrides, with the same exit code and output, and that it leaves nothing behind (no child
+process, thread or run-folder lock; what it changed in this process is put back).
+What it leaves out, the process around the run (`train.py` itself, `cli.entry`, the exit), is the
+same for every `python train.py` line and is proven by the lines that run as subprocesses: the
+ddp, fsdp, torchrun, sweep and image-model lines, each of which starts processes (ranks, a fork
+server, loader workers) that are not to be forked from the test process. `dpt` and `dpt-shards`
+lines run their installed commands. On a machine with a GPU every training line runs as a
+subprocess: `trainer.device=auto` would put CUDA into the test process, which forks later.
 """
 
 from __future__ import annotations
@@ -17,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, run_cmd
+from tests.helpers import REPO, Result, run_cmd, runs_in_process, train_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -109,6 +125,16 @@ def _argv(command: str, index: int, folder: Path) -> list[str]:
     return args
 
 
+def _run(args: list[str], folder: Path, timeout: float, check: bool = True) -> Result:
+    """`args` (from `_argv`) run from `folder`: in this process where `runs_in_process` says so,
+    else as a command; fails on a non-zero exit where `check`."""
+    if args[:2] != [sys.executable, "train.py"] or not runs_in_process(args[2:], folder):
+        return run_cmd(args, timeout=timeout, cwd=folder, check=check)
+    result = train_in_process(*args[2:], cwd=folder, script="train.py")
+    assert not check or result.returncode == 0, f"exit {result.returncode}\n{result.output}"
+    return result
+
+
 def _skip_reason(command: str) -> str | None:
     return next((why for start, why in SKIPPED.items() if command.startswith(start)), None)
 
@@ -126,7 +152,7 @@ def test_readme_command_runs(folder: Path, index: int, command: str) -> None:
     reason = _skip_reason(command)
     if reason:
         pytest.skip(reason)
-    result = run_cmd(_argv(command, index, folder), timeout=280, cwd=folder)
+    result = _run(_argv(command, index, folder), folder, timeout=280)
     # What a first run must not meet: DataLoader's "N worker processes" warnings, a silent
     # warmup longer than the run.
     assert "worker processes in total" not in result.output
@@ -137,5 +163,5 @@ def test_readme_command_runs(folder: Path, index: int, command: str) -> None:
 @pytest.mark.parametrize(("command", "shown"), _transcripts())
 def test_readme_transcript(folder: Path, command: str, shown: str) -> None:
     args = [sys.executable, *shlex.split(command)[1:], f"hydra.run.dir={folder}/transcript"]
-    result = run_cmd(args, timeout=60, cwd=folder, check=False)
+    result = _run(args, folder, timeout=60, check=False)
     assert result.stderr.strip() == shown

@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,15 +16,23 @@ from dpt.loop.schedulers import WarmupCosine
 from tests.helpers import (
     FAST,
     Result,
+    WorldRun,
     committed_checkpoints,
     load_weights,
     max_abs_diff,
     read_checkpoint,
+    run_here,
     run_until,
+    run_world,
     train,
+    world_run,
 )
 
 pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
+
+# The 2-rank runs train in one spawned world (one start-up: `runs` below); the one-process runs
+# in this process (`run_here`: what `train.py strategy=single` runs). Processes are started
+# where the test is about one: a SIGKILL, a SIGTERM, the launcher's exit and its last line.
 
 DDP = ["strategy=ddp", "launcher.nproc_per_node=2", "trainer.batch_size=32"]
 # 2048 samples / (2 ranks x 32) = 32 steps per epoch: 40 steps cross an epoch boundary.
@@ -48,31 +57,59 @@ def _tb_steps(folder: Path, tag: str = "train/loss") -> list[int]:
 # The uninterrupted ddp run and one stopped by max_steps at 25 (no loader workers), shared by
 # the tests that resume a copy of the stopped one or compare with the uninterrupted one.
 REFERENCE = [*FAST, *DDP, *CKPT]
+# Killed with SIGKILL mid-training (2 loader workers a rank), and stopped by a SIGTERM to the
+# launcher: real processes, resumed in the world.
+KILLED = [*FAST, *DDP, *CKPT, *WIDE, "dataset.num_workers=2", "trainer.max_steps=40"]
+SIGTERMED = [*FAST, *DDP, *WIDE, "trainer.log_every_n_steps=5", "trainer.max_steps=60"]
 
 
 @pytest.fixture(scope="module")
-def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The runs killed or stopped by a signal (train.py), then every 2-rank run of this file in
+    one world: the reference runs, the resumes of the stopped and killed ones, the rollback."""
     root = tmp_path_factory.mktemp("ddp_runs")
-    train(root / "full", *REFERENCE, "trainer.max_steps=40")
-    train(root / "stopped", *REFERENCE, "trainer.max_steps=25")
-    assert (root / "stopped" / "checkpoints" / "step-00000025" / "COMMITTED").exists()
-    return {"full": root / "full", "stopped": root / "stopped"}
+    killed = _run_until(root / "killed", KILLED, "[rank 0] epoch 1 | step 10/40", signal.SIGKILL)
+    out: dict[str, Any] = {
+        "killed": killed,
+        "killed-left": [p.name for p in committed_checkpoints(root / "killed")],
+        "killed-finished": (root / "killed" / "model.pt").exists(),
+        "sigtermed": run_until(root / "sigtermed", SIGTERMED, "[rank 0] epoch 1 | step 10/",
+                               lambda proc, _: os.kill(proc.pid, signal.SIGTERM)),  # the launcher
+        "sigtermed-saved": committed_checkpoints(root / "sigtermed"),
+    }  # fmt: skip
+    rollback = root / "rollback"
+    world = [
+        world_run("full", root / "full", *REFERENCE, "trainer.max_steps=40"),
+        world_run("stopped", root / "stopped", *REFERENCE, "trainer.max_steps=25"),
+        *(world_run(f"cut-{workers}", root / f"cut-{workers}", *REFERENCE,
+                    f"dataset.num_workers={workers}", "trainer.max_steps=40",
+                    copy_from=root / "stopped") for workers in (0, 2)),
+        world_run("rollback-15", rollback, *REFERENCE, "trainer.max_steps=15"),
+        world_run("rollback-to-5", rollback, *REFERENCE,
+                  f"checkpoint.resume={rollback / 'checkpoints' / 'step-00000005'}",
+                  "trainer.max_steps=10"),
+        world_run("rollback-auto", rollback, *REFERENCE, "trainer.max_steps=12"),
+        world_run("killed-full", root / "killed-full", *KILLED),
+        world_run("killed-resumed", root / "killed", *KILLED),
+        world_run("sigtermed-resumed", root / "sigtermed", *SIGTERMED),
+    ]  # fmt: skip
+    run_world(2, world)
+    return out | {run.name: run for run in world}
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)  # the first test of the world builds it
 @pytest.mark.parametrize("workers", [0, 2])
 def test_ddp_stopped_by_max_steps_resumes_to_the_same_weights(
-    ddp_runs: dict[str, Path], tmp_path: Path, workers: int
+    runs: dict[str, Any], workers: int
 ) -> None:
     """Stopped without loader workers, resumed without or with 2 per rank: the same samples."""
-    cut = tmp_path / "cut"
-    shutil.copytree(ddp_runs["stopped"], cut)
-    resumed = train(cut, *REFERENCE, f"dataset.num_workers={workers}", "trainer.max_steps=40")
+    resumed, full = runs[f"cut-{workers}"], runs["full"].run_dir
+    assert (runs["stopped"].run_dir / "checkpoints" / "step-00000025" / "COMMITTED").exists()
     assert "resumed from" in resumed.stdout and "at step 25" in resumed.stdout
-    _assert_same_weights(ddp_runs["full"], cut)
+    _assert_same_weights(full, resumed.run_dir)
     # The curves continue at the right step, without duplicates.
     for folder in ("rank0", "rank1", "world"):
-        assert _tb_steps(cut / "tb" / folder) == _tb_steps(ddp_runs["full"] / "tb" / folder)
+        assert _tb_steps(resumed.run_dir / "tb" / folder) == _tb_steps(full / "tb" / folder)
 
 
 def _run_until(run_dir: Path, overrides: list[str], marker: str, sig: int) -> Result:
@@ -81,26 +118,27 @@ def _run_until(run_dir: Path, overrides: list[str], marker: str, sig: int) -> Re
 
 
 @pytest.mark.timeout(400)
-def test_ddp_killed_mid_training_resumes_to_the_same_weights(tmp_path: Path) -> None:
-    common = [*FAST, *DDP, *CKPT, *WIDE, "dataset.num_workers=2", "trainer.max_steps=40"]
-    train(tmp_path / "full", *common)
-    killed = _run_until(tmp_path / "cut", common, "[rank 0] epoch 1 | step 10/40", signal.SIGKILL)
+def test_ddp_killed_mid_training_resumes_to_the_same_weights(runs: dict[str, Any]) -> None:
+    killed: Result = runs["killed"]
     assert killed.returncode == -signal.SIGKILL
-    assert not (tmp_path / "cut" / "model.pt").exists()  # it really died before the end
-    left = [p.name for p in committed_checkpoints(tmp_path / "cut")]
+    assert not runs["killed-finished"]  # it really died before the end
+    left = runs["killed-left"]
     assert left and left[-1] < "step-00000040"
-    resumed = train(tmp_path / "cut", *common)
+    resumed, full = runs["killed-resumed"], runs["killed-full"].run_dir
     assert "resumed from" in resumed.stdout
-    _assert_same_weights(tmp_path / "full", tmp_path / "cut")
-    steps = _tb_steps(tmp_path / "cut" / "tb" / "rank0")
-    assert steps == sorted(set(steps)) == _tb_steps(tmp_path / "full" / "tb" / "rank0")
+    _assert_same_weights(full, resumed.run_dir)
+    steps = _tb_steps(resumed.run_dir / "tb" / "rank0")
+    assert steps == sorted(set(steps)) == _tb_steps(full / "tb" / "rank0")
 
 
 @pytest.mark.timeout(300)
 def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes(tmp_path: Path) -> None:
     common = [*FAST, *WIDE, "trainer.log_every_n_steps=5", "trainer.max_steps=60"]
-    train(tmp_path / "full", *common)
-    stopped = _run_until(tmp_path / "cut", common, "step 10/60", signal.SIGTERM)
+    run_here(tmp_path / "full", *common)
+    # The stopped process on one thread, as the runs in this process: the same sums, to the bit.
+    stopped = run_until(tmp_path / "cut", common, "step 10/60",
+                        lambda proc, _: os.killpg(proc.pid, signal.SIGTERM),
+                        env={"OMP_NUM_THREADS": "1"})  # fmt: skip
     assert stopped.returncode == 1
     message = stopped.stderr.strip().splitlines()[-1]
     assert message.startswith("Error: stopped by SIGTERM after step ")
@@ -109,7 +147,7 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes(tmp_path: Pat
     assert 10 <= step < 60
     assert step % 5 == 0 or step == 32  # ranks agree at log steps and at the epoch's last step
     assert (tmp_path / "cut" / "checkpoints" / f"step-{step:08d}" / "COMMITTED").exists()
-    train(tmp_path / "cut", *common)
+    run_here(tmp_path / "cut", *common)
     _assert_same_weights(tmp_path / "full", tmp_path / "cut")
 
 
@@ -117,7 +155,7 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes(tmp_path: Pat
 def test_truncated_or_corrupt_checkpoint_is_refused_and_auto_falls_back(tmp_path: Path) -> None:
     run = tmp_path / "run"
     common = [*FAST, "trainer.log_every_n_steps=5", "checkpoint.every_n_steps=5"]
-    train(run, *common, "trainer.max_steps=15")
+    run_here(run, *common, "trainer.max_steps=15")
     ckpts = run / "checkpoints"
     newest = ckpts / "step-00000015"
     data = (newest / "__0_0.distcp").read_bytes()
@@ -130,15 +168,15 @@ def test_truncated_or_corrupt_checkpoint_is_refused_and_auto_falls_back(tmp_path
         f"checkpoint.resume={newest}",
         "trainer.max_steps=20",
         check=False,
-    )
+    )  # a process of its own: its exit status and last line
     assert explicit.returncode == 1
     assert explicit.stderr.strip().startswith(
         f"Error: checkpoint {newest} is unreadable (cut off or corrupt):"
     )
 
-    auto = train(run, *common, "trainer.max_steps=20")
-    assert f"checkpoint {newest} is unreadable (cut off or corrupt)" in auto.stdout
-    assert f"resumed from {ckpts / 'step-00000005'} at step 5" in auto.stdout
+    _, auto = run_here(run, *common, "trainer.max_steps=20")
+    assert f"checkpoint {newest} is unreadable (cut off or corrupt)" in auto
+    assert f"resumed from {ckpts / 'step-00000005'} at step 5" in auto
 
 
 @pytest.mark.timeout(120)
@@ -150,7 +188,8 @@ def test_resume_path_that_does_not_exist(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_checkpoints_keep_only_the_newest(tmp_path: Path) -> None:
-    train(tmp_path, *FAST, "checkpoint.every_n_steps=2", "checkpoint.keep=2", "trainer.max_steps=9")
+    run_here(tmp_path, *FAST, "checkpoint.every_n_steps=2", "checkpoint.keep=2",
+             "trainer.max_steps=9")  # fmt: skip
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["step-00000008", "step-00000009"]  # 9: the end of a cut-short epoch
     state = read_checkpoint(tmp_path / "checkpoints" / names[-1])
@@ -174,17 +213,13 @@ def test_checkpoints_keep_only_the_newest(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_to_a_ddp_launcher_checkpoints_and_says_how_to_resume(tmp_path: Path) -> None:
-    common = [*FAST, *DDP, *WIDE, "trainer.log_every_n_steps=5", "trainer.max_steps=60"]
-    run = tmp_path / "run"
-    stopped = run_until(
-        run,
-        common,
-        "[rank 0] epoch 1 | step 10/",
-        lambda proc, _: os.kill(proc.pid, signal.SIGTERM),
-    )  # the launcher only
+def test_sigterm_to_a_ddp_launcher_checkpoints_and_says_how_to_resume(
+    runs: dict[str, Any],
+) -> None:
+    stopped: Result = runs["sigtermed"]
+    run = runs["sigtermed-resumed"].run_dir
     assert stopped.returncode == 1
-    saved = committed_checkpoints(run)
+    saved = runs["sigtermed-saved"]
     assert saved, stopped.output
     newest = saved[-1]
     assert stopped.stderr.strip() == (
@@ -192,21 +227,20 @@ def test_sigterm_to_a_ddp_launcher_checkpoints_and_says_how_to_resume(tmp_path: 
         f"hydra.run.dir={run} (checkpoint.resume=auto picks the newest checkpoint)"
     )
     assert "failed" not in stopped.stdout
-    resumed = train(run, *common)
-    assert f"resumed from {newest}" in resumed.stdout
+    assert f"resumed from {newest}" in runs["sigtermed-resumed"].stdout  # the same command
 
 
 @pytest.mark.timeout(300)
 def test_a_checkpoint_cut_off_before_its_commit_is_ignored(tmp_path: Path) -> None:
     common = [*FAST, "checkpoint.every_n_steps=5"]
-    train(tmp_path, *common, "trainer.max_steps=15")
+    run_here(tmp_path, *common, "trainer.max_steps=15")
     cut = tmp_path / "checkpoints" / "step-00000015"
     (cut / "COMMITTED").unlink()  # killed between the rename and the marker
-    resumed = train(tmp_path, *common, "trainer.max_steps=20")
-    assert f"resumed from {tmp_path / 'checkpoints' / 'step-00000010'} at step 10" in resumed.stdout
+    _, resumed = run_here(tmp_path, *common, "trainer.max_steps=20")
+    assert f"resumed from {tmp_path / 'checkpoints' / 'step-00000010'} at step 10" in resumed
     # Newer than the start: moved aside with its branch, kept, not deleted; step 15 is written
     # again on this run's line.
-    assert "moved 1 newer checkpoint(s) (step-00000015) aside to" in resumed.stdout
+    assert "moved 1 newer checkpoint(s) (step-00000015) aside to" in resumed
     assert (cut / "COMMITTED").exists()
     assert len(list((tmp_path / "checkpoints").glob("abandoned-*/step-00000015"))) == 1
 
@@ -216,35 +250,33 @@ def test_a_stray_high_numbered_file_does_not_make_saves_delete_themselves(tmp_pa
     stray = tmp_path / "checkpoints" / "step-99999999.pt"
     stray.parent.mkdir(parents=True)
     stray.write_bytes(os.urandom(512))  # unreadable, and "newer" than anything by its name
-    result = train(tmp_path, *FAST, "checkpoint.every_n_steps=2", "checkpoint.keep=2",
-                   "trainer.max_steps=9")  # fmt: skip
+    _, result = run_here(tmp_path, *FAST, "checkpoint.every_n_steps=2", "checkpoint.keep=2",
+                         "trainer.max_steps=9")  # fmt: skip
     assert [p.name for p in committed_checkpoints(tmp_path)] == ["step-00000008", "step-00000009"]
     assert stray.exists()
-    assert result.stdout.count(f"{stray}: not a committed checkpoint; ignored, never deleted") == 1
+    assert result.count(f"{stray}: not a committed checkpoint; ignored, never deleted") == 1
 
 
 @pytest.mark.timeout(400)
 def test_ddp_rollback_to_an_older_checkpoint_then_auto_continues_the_new_branch(
-    tmp_path: Path,
+    runs: dict[str, Any],
 ) -> None:
-    common = [*FAST, *DDP, *CKPT]
-    ckpts = tmp_path / "checkpoints"
-    train(tmp_path, *common, "trainer.max_steps=15")
-    # Every rank wrote its own part; each rank's generators under its own key.
-    assert len(list((ckpts / "step-00000015").glob("*.distcp"))) == 2
-    assert read_checkpoint(ckpts / "step-00000015")["rng"].keys() == {"rank0", "rank1"}
-    rolled = train(tmp_path, *common, f"checkpoint.resume={ckpts / 'step-00000005'}",
-                   "trainer.max_steps=10")  # fmt: skip
+    rolled: WorldRun = runs["rollback-to-5"]
+    ckpts = rolled.run_dir / "checkpoints"
     aside = list(ckpts.glob("abandoned-*"))
     assert len(aside) == 1
     assert sorted(p.name for p in aside[0].iterdir()) == ["step-00000010", "step-00000015"]
+    # Every rank wrote its own part; each rank's generators under its own key (step 15 of the
+    # first run, moved aside as it was).
+    assert len(list((aside[0] / "step-00000015").glob("*.distcp"))) == 2
+    assert read_checkpoint(aside[0] / "step-00000015")["rng"].keys() == {"rank0", "rank1"}
     assert (
         f"moved 2 newer checkpoint(s) (step-00000010, step-00000015) aside to {aside[0]}: this "
         "run continues from step 5, and checkpoint.resume=auto follows it"
     ) in rolled.stdout
-    auto = train(tmp_path, *common, "trainer.max_steps=12")
-    assert f"resumed from {ckpts / 'step-00000010'} at step 10" in auto.stdout
-    assert [p.name for p in committed_checkpoints(tmp_path)] == [
+    auto = runs["rollback-auto"].stdout
+    assert f"resumed from {ckpts / 'step-00000010'} at step 10" in auto
+    assert [p.name for p in committed_checkpoints(rolled.run_dir)] == [
         "step-00000005",
         "step-00000010",
         "step-00000012",
@@ -253,41 +285,46 @@ def test_ddp_rollback_to_an_older_checkpoint_then_auto_continues_the_new_branch(
 
 @pytest.mark.timeout(600)
 def test_ddp_2x32_resumed_on_4x16_or_1x64_ends_with_the_uninterrupted_weights(
-    ddp_runs: dict[str, Path], tmp_path: Path
+    runs: dict[str, Any], tmp_path: Path
 ) -> None:
     # 2048 samples / global batch 64 = 32 steps per epoch: 25 is mid-epoch, 40 in the next one.
+    # 4 ranks through the launcher (train.py), one process in this one.
     world_4 = ["strategy=ddp", "launcher.nproc_per_node=4", "trainer.batch_size=16"]
     world_1 = ["strategy=single", "trainer.batch_size=64"]
     for name, other in (("four", world_4), ("one", world_1)):
-        shutil.copytree(ddp_runs["stopped"], tmp_path / name)  # one stopped run, resumed twice
-        resumed = train(tmp_path / name, *FAST, *CKPT, *other, "trainer.max_steps=40",
-                        timeout=240)  # fmt: skip
-        assert "at step 25" in resumed.stdout and "resuming at sample" not in resumed.stdout
+        run = tmp_path / name
+        shutil.copytree(runs["stopped"].run_dir, run)  # one stopped run, resumed twice
+        overrides = [*FAST, *CKPT, *other, "trainer.max_steps=40"]
+        if name == "four":
+            resumed = train(run, *overrides, timeout=240).stdout
+        else:
+            resumed = run_here(run, *overrides)[1]
+        assert "at step 25" in resumed and "resuming at sample" not in resumed
         world = 4 if name == "four" else 1
         assert (
             f"the checkpoint holds random generators for 2 rank(s), this run has {world}: every "
             "rank's are re-derived from (trainer.seed, rank, step 25)"
-        ) in resumed.stdout
+        ) in resumed
         # The same global batch: the same samples at every step; only the sums' order differs.
-        weights = load_weights(tmp_path / name)
-        assert max_abs_diff(load_weights(ddp_runs["full"]), weights) < 1e-5
+        weights = load_weights(run)
+        assert max_abs_diff(load_weights(runs["full"].run_dir), weights) < 1e-5
 
 
 @pytest.mark.timeout(300)
 def test_another_global_batch_continues_from_the_same_sample_and_says_so(tmp_path: Path) -> None:
     common = [*FAST, "checkpoint.every_n_steps=5", "trainer.epochs=2", "scheduler=warmup_cosine",
               "scheduler.warmup_steps=5", "scheduler.min_lr=1e-5"]  # fmt: skip
-    train(tmp_path, *common, "trainer.max_steps=25")  # global batch 64: 32 steps per epoch
-    resumed = train(tmp_path, *common, "trainer.batch_size=96")  # to the end of epoch 2
+    run_here(tmp_path, *common, "trainer.max_steps=25")  # global batch 64: 32 steps per epoch
+    _, resumed = run_here(tmp_path, *common, "trainer.batch_size=96")  # to the end of epoch 2
     left = (2048 - 25 * 64) // 96
     assert (
         f"resuming at sample {25 * 64} of epoch 1 with global batch 96 (was 64): the epoch "
         f"continues from the same sample, {left} full step(s) left in it"
-    ) in resumed.stdout
-    assert f"epoch 1 done | step {25 + left} |" in resumed.stdout
+    ) in resumed
+    assert f"epoch 1 done | step {25 + left} |" in resumed
     # The second epoch in whole steps of 96; the run's total counts them, not steps of 64.
     last = 25 + left + 2048 // 96
-    assert f"epoch 2 | step {last}/{last} |" in resumed.stdout
+    assert f"epoch 2 | step {last}/{last} |" in resumed
     # The cosine ends at the new last step: the learning rate logged after every step since the
     # resume is the schedule's for a run of `last` steps (lr 1e-3, min_lr 1e-5), not of the
     # 42 steps a fresh run at batch 96 would have.

@@ -31,6 +31,7 @@ from tests.helpers import (
     committed_checkpoints,
     compose,
     read_checkpoint,
+    run_here,
     run_until,
     small_tmpfs,
     train,
@@ -96,8 +97,9 @@ def test_a_second_start_in_a_live_run_folder_stops_at_once(
         "another folder (hydra.run.dir=...)"
     )
     assert "trainer.seed=7" not in (run / ".hydra" / "overrides.yaml").read_text()  # untouched
-    resumed = train(run, *common)  # the holder is dead: the folder is free again
-    assert "resumed from" in resumed.stdout
+    # The holder is dead: the folder is free again (one process: resumed in this one).
+    resumed = train(run, *common).stdout if strategy else run_here(run, *common)[1]
+    assert "resumed from" in resumed
 
 
 @pytest.mark.parametrize(
@@ -342,17 +344,17 @@ def test_an_early_stopped_run_says_how_to_go_on(
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_a_finished_run_folder_run_again_overwrites_nothing(tmp_path: Path) -> None:
-    common = [*FAST, "trainer.max_steps=6"]
-    train(tmp_path, *common)
+    common = [*FAST, "trainer.max_steps=6"]  # one process: in this one (`run_here`)
+    run_here(tmp_path, *common)
     before = _snapshot(tmp_path)
-    again = train(tmp_path, *common)
+    _, again = run_here(tmp_path, *common)
     assert (
         f"[rank 0] run folder {tmp_path} is complete (trained to step 6 of 6); nothing "
         "overwritten. To train further, raise trainer.max_steps "
         "(checkpoint.resume=auto continues from step 6), or start a new run folder "
         "(hydra.run.dir=...)"
-    ) in again.stdout.splitlines()
+    ) in again.splitlines()
     assert _snapshot(tmp_path) == before
-    further = train(tmp_path, *FAST, "trainer.max_steps=8")
-    assert "resuming with changed settings: trainer.max_steps 6 -> 8" in further.stdout
+    _, further = run_here(tmp_path, *FAST, "trainer.max_steps=8")
+    assert "resuming with changed settings: trainer.max_steps 6 -> 8" in further
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 8

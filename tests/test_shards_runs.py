@@ -22,14 +22,22 @@ from tests.helpers import (
     load_weights,
     max_abs_diff,
     read_checkpoint,
+    run_here,
     run_until,
+    run_world,
     train,
     weight_and_statistics_diff,
+    world_run,
     write_shards,
 )
 from tests.http_server import serve
 
-pytestmark = pytest.mark.slow  # every test here starts train.py
+pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
+
+# 2-rank runs that are only compared train in one spawned world (one start-up), one-process runs
+# that are only compared or read in this process (`run_here`: what `train.py strategy=single`
+# runs). Processes are started where the test is about one: a SIGKILL of every process, loader
+# workers and ranks sharing the cache, a run's last line.
 
 
 @pytest.fixture(scope="module")
@@ -89,16 +97,20 @@ def test_shards_over_http_killed_on_2_ranks_resume_on_1_to_the_uninterrupted_wei
     run's weights are the ones the same 2-rank run reads from the local folder."""
     with serve(shards) as server:
         over_http = _resnet(server.url, tmp_path / "cache")
-        full = train(tmp_path / "full", *over_http, *DDP, timeout=240)
-        assert "shards train: 28 samples in 4 shards" in full.stdout
         killed = run_until(tmp_path / "cut", [*over_http, *DDP], "[rank 0] epoch 2 | step 5/7",
                            lambda proc, _: os.killpg(proc.pid, signal.SIGKILL))  # fmt: skip
         assert killed.returncode == -signal.SIGKILL
         assert not (tmp_path / "cut" / "model.pt").exists()
         assert committed_checkpoints(tmp_path / "cut")
-        resumed = train(tmp_path / "cut", *over_http, *SINGLE, timeout=240)
-    assert "resumed from" in resumed.stdout
-    assert "resuming at sample" not in resumed.stdout  # the same global batch: same samples
+        _, resumed = run_here(tmp_path / "cut", *over_http, *SINGLE)
+        # The uninterrupted run from the URL, and from the local folder (the same 2 ranks).
+        full = world_run("full", tmp_path / "full", *over_http, *DDP)
+        local = world_run("local", tmp_path / "local", *_resnet(str(shards), tmp_path / "unused"),
+                          *DDP)  # fmt: skip
+        run_world(2, [full, local])
+    assert "shards train: 28 samples in 4 shards" in full.stdout
+    assert "resumed from" in resumed
+    assert "resuming at sample" not in resumed  # the same global batch: same samples
     weights = load_weights(tmp_path / "full")
     # The weights within 1e-6 (measured 1.5e-8 and 6e-8); BatchNorm's running variances, sums
     # of squares that one process and 2 ranks round otherwise (E[x^2] - E[x]^2 of flat colour
@@ -106,7 +118,6 @@ def test_shards_over_http_killed_on_2_ranks_resume_on_1_to_the_uninterrupted_wei
     # 8e-7 on one AMD EPYC VM, 3.3e-6 on another, the same on the commit before tasks).
     weight_diff, stats_diff = weight_and_statistics_diff(weights, load_weights(tmp_path / "cut"))
     assert weight_diff < 1e-6 and stats_diff < 1e-5, (weight_diff, stats_diff)
-    local = train(tmp_path / "local", *_resnet(str(shards), tmp_path / "unused"), *DDP, timeout=240)
     assert "cached in" not in local.stdout  # a folder is read in place
     assert not (tmp_path / "unused").exists()
     assert max_abs_diff(weights, load_weights(tmp_path / "local")) < 1e-6  # the same 2 ranks
@@ -179,15 +190,15 @@ def test_a_shard_the_server_does_not_have_is_skipped_said_once_and_counted(
     (served / "train2017-000001.tar").unlink()
     lost = json.loads((shards / "train2017.json").read_text())["shardlist"][1]["nsamples"]
     with serve(served) as server:
-        run = train(tmp_path / "run", *FEW, f"dataset.root={server.url}",
-                    f"dataset.cache_dir={tmp_path / 'cache'}", "trainer.epochs=1",
-                    "trainer.max_steps=null")  # fmt: skip
-    said = [line for line in run.stdout.splitlines() if "train2017-000001.tar" in line]
+        _, run = run_here(tmp_path / "run", *FEW, f"dataset.root={server.url}",
+                          f"dataset.cache_dir={tmp_path / 'cache'}", "trainer.epochs=1",
+                          "trainer.max_steps=null")  # fmt: skip
+    said = [line for line in run.splitlines() if "train2017-000001.tar" in line]
     assert said == [
         f"[rank 0] skipping shard {server.url}/train2017-000001.tar: HTTP 404 Not Found "
         f"(its {lost} samples)"
     ]
-    assert f"{lost} unreadable samples skipped" in run.stdout
+    assert f"{lost} unreadable samples skipped" in run
     assert (tmp_path / "run" / "model.pt").exists()
 
 

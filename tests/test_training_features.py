@@ -24,8 +24,13 @@ from tests.helpers import (
     joined_world,
     load_weights,
     max_abs_diff,
+    run_here,
     train,
 )
+
+# One-process runs whose weights, curves or console lines are checked train in this process
+# (`run_here`: what `train.py strategy=single` runs); a run that must end a process with an
+# error line, and the compiled run (torch.compile's worker processes), start train.py.
 
 
 def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
@@ -38,8 +43,8 @@ def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
 @pytest.mark.timeout(200)
 def test_accumulating_two_batches_of_16_equals_one_batch_of_32(tmp_path: Path) -> None:
     common = [*FAST, "optimizer=sgd", "trainer.max_steps=20", "trainer.seed=5"]
-    train(tmp_path / "accum", *common, "trainer.batch_size=16", "trainer.grad_accum_steps=2")
-    train(tmp_path / "big", *common, "trainer.batch_size=32")
+    run_here(tmp_path / "accum", *common, "trainer.batch_size=16", "trainer.grad_accum_steps=2")
+    run_here(tmp_path / "big", *common, "trainer.batch_size=32")
     accum, big = load_weights(tmp_path / "accum"), load_weights(tmp_path / "big")
     assert max_abs_diff(accum, big) < 1e-6
     torch.manual_seed(5)
@@ -51,43 +56,53 @@ SMALL_DDP = ["strategy=ddp", "dataset.num_samples=512", "dataset.num_val_samples
              "optimizer=sgd", "trainer.batch_size=8", "checkpoint.enabled=false"]  # fmt: skip
 
 
-def _count_allreduces(rank: int, world: int, port: int, accum: int, steps: int, out: Path) -> None:
+ACCUMS, ACCUM_STEPS = (1, 2, 4), 3
+
+
+def _count_allreduces(rank: int, world: int, port: int, out: Path) -> None:
+    """Every accumulation count's run, one after the other in one world (one start-up)."""
     with joined_world(rank, world, port) as env:
-        trainer = build_trainer(
-            out / f"run{accum}", env, *SMALL_DDP, f"trainer.max_steps={steps}",
-            f"trainer.grad_accum_steps={accum}", "trainer.log_every_n_steps=100",
-        )  # fmt: skip
-        calls: list[int] = []
+        for accum in ACCUMS:
+            trainer = build_trainer(
+                out / f"run{accum}", env, *SMALL_DDP, f"trainer.max_steps={ACCUM_STEPS}",
+                f"trainer.grad_accum_steps={accum}", "trainer.log_every_n_steps=100",
+            )  # fmt: skip
+            calls: list[int] = []
 
-        # No annotations: DDP compares them with dist.GradBucket, and here they are strings.
-        def counting_hook(state, bucket):  # type: ignore[no-untyped-def]
-            calls.append(bucket.index())
-            return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+            # No annotations: DDP compares them with dist.GradBucket, and here they are strings.
+            def counting_hook(state, bucket, calls=calls):  # type: ignore[no-untyped-def]
+                calls.append(bucket.index())
+                return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
 
-        trainer.model.register_comm_hook(None, counting_hook)
-        trainer.fit()
-        trainer.metrics.close()
-        (out / f"calls-accum{accum}-rank{rank}.json").write_text(json.dumps(calls))
+            trainer.model.register_comm_hook(None, counting_hook)
+            trainer.fit()
+            trainer.metrics.close()
+            (out / f"calls-accum{accum}-rank{rank}.json").write_text(json.dumps(calls))
+
+
+@pytest.fixture(scope="module")
+def allreduces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("allreduces")
+    mp.spawn(_count_allreduces, args=(2, free_port(), out), nprocs=2, join=True)
+    return out
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("accum", [1, 2, 4])
+@pytest.mark.parametrize("accum", ACCUMS)
 def test_ddp_all_reduces_once_per_optimizer_step_with_accumulation(
-    tmp_path: Path, accum: int
+    allreduces: Path, accum: int
 ) -> None:
-    steps = 3
-    mp.spawn(_count_allreduces, args=(2, free_port(), accum, steps, tmp_path), nprocs=2, join=True)
     for rank in (0, 1):
-        calls = json.loads((tmp_path / f"calls-accum{accum}-rank{rank}.json").read_text())
-        assert calls == [0] * steps  # one bucket, one all-reduce per optimizer step
+        calls = json.loads((allreduces / f"calls-accum{accum}-rank{rank}.json").read_text())
+        assert calls == [0] * ACCUM_STEPS  # one bucket, one all-reduce per optimizer step
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_bf16_mixed_trains_on_cpu(tmp_path: Path) -> None:
-    result = train(tmp_path, *FAST, "trainer.precision=bf16-mixed", "trainer.epochs=2")
-    assert "precision bf16-mixed" in result.stdout
+    _, result = run_here(tmp_path, *FAST, "trainer.precision=bf16-mixed", "trainer.epochs=2")
+    assert "precision bf16-mixed" in result
     losses = [v for _, v in _scalars(tmp_path / "tb" / "world", "train/loss")]
     assert losses[-1] < 0.6 * losses[0]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
@@ -121,7 +136,7 @@ def test_clipping_returns_the_pre_clip_norm_and_leaves_the_bound() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_grad_norm_and_lr_curves_are_logged(tmp_path: Path) -> None:
-    train(
+    run_here(
         tmp_path,
         *FAST,
         "trainer.max_steps=20",
@@ -200,8 +215,9 @@ def test_a_non_finite_loss_is_caught_before_anything_is_saved(tmp_path: Path) ->
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+@pytest.mark.filterwarnings("ignore:Encountered `nan` values")  # torchmetrics, of the skipped step
 def test_non_finite_loss_can_be_skipped(tmp_path: Path) -> None:
-    result = train(
+    _, result = run_here(
         tmp_path,
         *FAST,
         "optimizer=sgd",
@@ -213,7 +229,7 @@ def test_non_finite_loss_can_be_skipped(tmp_path: Path) -> None:
     assert (
         "monitor: nonfinite at step 2: nan on rank 0, first non-finite output: 2 (Linear); "
         "update skipped, 64 samples skipped"
-    ) in result.stdout
+    ) in result
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 6
 
 
@@ -221,7 +237,7 @@ def test_non_finite_loss_can_be_skipped(tmp_path: Path) -> None:
 @pytest.mark.timeout(200)
 def test_early_stopping_ends_the_run_when_the_metric_stalls(tmp_path: Path) -> None:
     # lr=0: the weights never change, so val/acc1 never improves after the first epoch.
-    result = train(
+    _, result = run_here(
         tmp_path,
         *FAST,
         "optimizer.lr=0",
@@ -230,7 +246,7 @@ def test_early_stopping_ends_the_run_when_the_metric_stalls(tmp_path: Path) -> N
         "trainer.early_stopping.metric=val/acc1",
         "trainer.early_stopping.mode=max",
     )
-    assert "early stopping: val/acc1 did not improve for 1 epoch(s)" in result.stdout
+    assert "early stopping: val/acc1 did not improve for 1 epoch(s)" in result
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["stopped_early"] is True
     assert metrics["steps"] == 2 * (2048 // 64)
@@ -240,6 +256,6 @@ def test_early_stopping_ends_the_run_when_the_metric_stalls(tmp_path: Path) -> N
 @pytest.mark.timeout(400)
 def test_compile_trains(tmp_path: Path) -> None:
     train(tmp_path / "compiled", *FAST, "trainer.compile=true", "trainer.max_steps=4", timeout=380)
-    train(tmp_path / "eager", *FAST, "trainer.max_steps=4")
+    run_here(tmp_path / "eager", *FAST, "trainer.max_steps=4")
     diff = max_abs_diff(load_weights(tmp_path / "compiled"), load_weights(tmp_path / "eager"))
     assert diff < 1e-4  # same training, up to kernel-fusion rounding

@@ -184,6 +184,7 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         if ended is not None:
             parts.metrics.end_session(ok=ended)
         parts.metrics.close()
+        parts.loaders.close()  # its loader workers end with the run, not at a later collection
     return summary
 
 
