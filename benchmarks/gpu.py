@@ -52,6 +52,9 @@ def run(args: argparse.Namespace, tmp: Path, say: Say) -> dict[str, Any]:
     return {
         "gpu": {
             "device": torch.cuda.get_device_name(),
+            "software": f"torch {torch.__version__}, torchvision {torchvision.__version__}",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "cores": os.cpu_count(),
             "workers": workers,
             "in_process": in_process,
             "loop": loop_ratio_row(results, *pair),

@@ -156,9 +156,9 @@ CHAPTERS = (
     "## 5. Start-up",
     "## 6. Per-step overhead",
     "## 7. Where dpt's time still goes",
-    "## GPU path",
     "## Method and caveats",
     "<!-- bench_memory -->\n## 8. Sharded training",
+    "<!-- bench_gpu -->\n## 11. The GPU path",
 )
 
 
@@ -168,14 +168,14 @@ def test_report_has_every_section_in_order(tmp_path: Path) -> None:
     text = document.write(tmp_path, _results(), META).read_text()
     places = [text.index(heading) for heading in CHAPTERS]
     assert places == sorted(places)
-    assert text.endswith("<!-- /bench_memory -->\n")
+    assert text.endswith("<!-- /bench_gpu -->\n")
     targets = re.findall(r"^\| (dpt/plain|whole-process|launch|logging|pipeline|gradient|ResNet)",
                          text, flags=re.MULTILINE)  # fmt: skip
     # The targets table, section by section.
     assert list(dict.fromkeys(targets)) == [
-        "dpt/plain", "whole-process", "launch", "logging", "pipeline", "gradient", "ResNet",
+        "dpt/plain", "whole-process", "launch", "logging", "pipeline", "gradient",
     ]  # fmt: skip
-    assert "Not measured in this run: no CUDA device" in text
+    assert "Not measured yet: no CUDA device" in text
     for name in ("perf_throughput.png", "perf_pipeline.png", "perf_sync.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG
         assert f"]({name})" in text
@@ -186,6 +186,7 @@ def test_memory_alone_replaces_only_its_part(tmp_path: Path) -> None:
 
     results = _results()
     memory = results.pop("memory")
+    del results["gpu"]  # a marked part too, appended before memory's
     path = document.write(tmp_path, results, META)
     without = path.read_text()
     assert "bench_memory" not in without
@@ -198,6 +199,31 @@ def test_memory_alone_replaces_only_its_part(tmp_path: Path) -> None:
     assert replaced.replace("7 timed steps", "3 timed steps") == appended
     # A whole report that did not measure memory keeps the part it found.
     assert document.write(tmp_path, results, META).read_text() == replaced
+
+
+def _gpu() -> dict[str, Any]:
+    """What `--sections gpu` measures on a GPU machine (numbers made up)."""
+    return {"device": "NVIDIA H200", "software": "torch 2", "date": "today", "cores": 16,
+            "workers": 8, "in_process": {"synthetic": _stat(13000), "jpeg_gpu_decode": _stat(2300),
+                                         "jpeg_vs_synthetic": _stat(0.18)},
+            "loop": {"plain": _stat(3100), "dpt": _stat(5400), "ratio": _stat(1.7)}}  # fmt: skip
+
+
+def test_gpu_numbers_stay_when_a_later_report_has_no_gpu(tmp_path: Path) -> None:
+    from benchmarks.report import document
+
+    document.write_marked(tmp_path, {"gpu": _gpu()})
+    measured = (tmp_path / "performance.md").read_text()
+    assert "## 11. The GPU path: NVIDIA H200" in measured
+    verdict = "- JPEG with GPU decoding >= 0.9 of synthetic: 0.180 (0.162-0.198), **not met**"
+    assert verdict in measured
+    # A whole report from a CPU machine (gpu: None) keeps the GPU numbers it found...
+    text = document.write(tmp_path, _results(), META).read_text()
+    assert "Not measured yet" not in text
+    assert measured.split("<!-- bench_gpu -->")[1] == text.split("<!-- bench_gpu -->")[1]
+    # ... and so does the section alone, run where there is no GPU.
+    document.write_marked(tmp_path, {"gpu": None})
+    assert (tmp_path / "performance.md").read_text() == text
 
 
 def _baseline(ratios: tuple[Stat, ...]) -> dict[str, Any]:

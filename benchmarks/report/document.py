@@ -4,9 +4,10 @@ machine and the command, the targets, the method) around each section's chapters
 Each section's report is a module of this package with `chapters(results)` (Markdown, "" where the
 section was not measured), and `targets(results)` (its rows of the targets table) and
 `plot(out, results)` where it has them. Sections measured on their own (MARKED: `memory`,
-`monitor`, `baseline`) stand between two markers, `<!-- bench_NAME -->` and
-`<!-- /bench_NAME -->`: `--sections memory` replaces that part of an existing report alone, and a
-whole report keeps it unless it measured it anew.
+`monitor`, `baseline`, and `gpu`, which needs a machine with a GPU) stand between two markers,
+`<!-- bench_NAME -->` and `<!-- /bench_NAME -->`: `--sections memory` replaces that part of an
+existing report alone, and a whole report keeps it unless it measured it anew (a `gpu` section
+that found no GPU keeps the numbers an earlier report measured on one).
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ from benchmarks.report import (
 from benchmarks.report.common import Results, md_table
 
 REPORT = "performance.md"
-CHAPTERS: tuple[ModuleType, ...] = (loops, pipeline, sync, startup, overhead, gpu)  # in order
+CHAPTERS: tuple[ModuleType, ...] = (loops, pipeline, sync, startup, overhead)  # in order
 # The targets table's rows come in this order (each section's rows in its own order).
-TARGETS: tuple[ModuleType, ...] = (loops, startup, overhead, pipeline, sync, gpu, monitor, baseline)
+TARGETS: tuple[ModuleType, ...] = (loops, startup, overhead, pipeline, sync, monitor, baseline)
 PLOTS: tuple[ModuleType, ...] = (loops, pipeline, sync)
 # After the method, each between its markers, in this order.
-MARKED: dict[str, ModuleType] = {"memory": memory, "monitor": monitor, "baseline": baseline}
+MARKED: dict[str, ModuleType] = {
+    "memory": memory, "monitor": monitor, "baseline": baseline, "gpu": gpu,
+}  # fmt: skip
 
 
 def machine() -> dict[str, Any]:
@@ -104,15 +107,19 @@ def write_marked(out: Path, results: Results) -> Path:
     (appended where it has none); the rest stays as it is."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / REPORT
-    path.write_text(_with_marked(path.read_text() if path.exists() else "# Performance\n", results))
+    text = path.read_text() if path.exists() else "# Performance\n"
+    path.write_text(_with_marked(text, results, earlier=text))
     return path
 
 
 def _with_marked(text: str, results: Results, earlier: str = "") -> str:
     """`text` with each marked section of `results` between its markers, in place of what
-    stood there or appended; one that `results` lacks keeps its part of `earlier`, if any."""
+    stood there or appended; one that `results` lacks, or measured as None (no GPU), keeps its
+    part of `earlier`, if any."""
     for name, section in MARKED.items():
-        block = _marked(name, section, results) or _read_marked(earlier, name)
+        kept = _read_marked(earlier, name)
+        measured = results.get(name) is not None
+        block = (_marked(name, section, results) if measured or kept is None else None) or kept
         if block is not None:
             text = _put_marked(text, name, block)
     return text

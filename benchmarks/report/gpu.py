@@ -1,5 +1,7 @@
-"""The report's GPU section, from the `gpu` section (benchmarks/gpu.py); where no CUDA device was
-available, it says so and how to measure it."""
+"""Section 11 of the report, from the `gpu` section (benchmarks/gpu.py), with its own targets and
+the machine it ran on: a marked section (`<!-- bench_gpu -->`), measured where a GPU is and kept
+by later reports from machines without one (benchmarks/report/document.py). Where no CUDA device
+was ever available, it says so and how to measure it."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def targets(results: Results) -> list[TargetRow]:
 
 
 def chapters(results: Results) -> list[str]:
-    return [_gpu(results)]
+    return [_gpu(results)] if "gpu" in results else []
 
 
 def _gpu(results: Results) -> str:
@@ -44,7 +46,7 @@ def _gpu(results: Results) -> str:
         return ""
     if gpu is None:
         return (
-            "## GPU path\n\n**Not measured in this run: no CUDA device was available.** "
+            "## 11. The GPU path\n\n**Not measured yet: no CUDA device was available.** "
             "No GPU numbers are given here; none were estimated.\n\n" + how
         )
     ip, loop = gpu["in_process"], gpu["loop"]
@@ -56,9 +58,21 @@ def _gpu(results: Results) -> str:
         (f"dpt, fake_images, {gpu['workers']} loader workers", loop["dpt"].fmt(),
          fmt_ratio(loop["ratio"]) + " of plain"),
     ]  # fmt: skip
+    verdicts = "\n".join(f"- {name}: {measured}, {verdict}" for name, measured, verdict in
+                         targets(results))  # fmt: skip
     return (
-        f"## GPU path: {gpu['device']}\n\n"
+        f"## 11. The GPU path: {gpu['device']}\n\n"
+        + _machine(gpu)
         + md_table(("ResNet-18, bf16, channels_last, batch 256", "images/s", "ratio"), rows)
+        + "\n\n**Against the targets** (the median decides):\n\n"
+        + verdicts
         + "\n\n"
         + how
     )
+
+
+def _machine(gpu: dict) -> str:
+    """Where and when it was measured: not the CPU machine of the report's header."""
+    if "software" not in gpu:
+        return ""
+    return f"Measured {gpu['date']} with {gpu['software']}, {gpu['cores']} CPU cores.\n\n"
