@@ -47,6 +47,9 @@ class TrainerConfig:
     grad_accum_steps: int = 1
     grad_clip_norm: float | None = None
     compile: bool = False
+    # One device's peak TFLOP/s at the run's precision, for MFU (models that count their FLOPs:
+    # model=gpt); null: dpt's table of A100, H100 and H200, else TFLOP/s achieved instead.
+    peak_tflops: float | None = None
     # What a NaN or infinite loss (or gradient norm) does: error (stop at once, naming the step,
     # the rank and the first module whose output is not finite), skip (that step's update is not
     # applied; ranks then agree every step), rollback (as monitor.loss_spike's). The same value as
@@ -156,6 +159,21 @@ class ResNetConfig:
     arch: str = MISSING
     weights: str | None = MISSING  # a local state_dict file; nothing is ever downloaded
     channels_last: bool = MISSING
+    activation_checkpointing: bool = MISSING
+
+
+@dataclass
+class GPTConfig:
+    """A decoder-only transformer in the GPT-2 shape (dpt/models/gpt.py)."""
+
+    _target_: str = "dpt.models.gpt.GPT"
+    block_size: int = MISSING  # the longest sequence; dataset=text's windows read it
+    n_layer: int = MISSING
+    n_head: int = MISSING
+    n_embd: int = MISSING
+    dropout: float = MISSING
+    bias: bool = MISSING  # biases in the linear layers and LayerNorms
+    vocab_size: int | None = MISSING  # null: the data's; larger pads the embedding (e.g. to 64s)
     activation_checkpointing: bool = MISSING
 
 
@@ -306,6 +324,18 @@ class RegressionTaskConfig:
 
 
 @dataclass
+class LanguageModelTaskConfig:
+    """Next-token prediction: logits (B, T, V) for windows of token ids (B, T)."""
+
+    _target_: str = "dpt.tasks.language_model.LanguageModel"
+    kind: ClassVar[str] = "language_model"
+    reports: ClassVar[tuple[str, ...]] = ("loss", "perplexity")
+    higher: ClassVar[tuple[str, ...]] = ()
+    watch: str = MISSING
+    mode: str = MISSING
+
+
+@dataclass
 class CustomTaskConfig:
     """Your own loss and metrics, each a `_target_` node."""
 
@@ -333,7 +363,7 @@ BEFORE_TASKS: dict[str, Any] = {
     "watch": "val/loss",
     "mode": "min",
 }
-TASK_KINDS = ("classification", "binary", "multilabel", "regression", "custom")
+TASK_KINDS = ("classification", "binary", "multilabel", "regression", "language_model", "custom")
 PREDICT_OUTPUTS = ("values", "sigmoid", "softmax")
 REGRESSION_LOSSES = ("mse", "l1", "huber")
 WATCH_MODES = ("min", "max")
@@ -375,6 +405,21 @@ def higher_is_better(task: DictConfig, metric: str) -> bool | None:
 
 
 @dataclass
+class TextConfig:
+    """Text files as windows of token ids (dpt/data/text.py), for task=language_model."""
+
+    _target_: str = "dpt.data.text.TextData"
+    root: str = MISSING  # a .txt file, or a folder of them (val.txt or val/ for validation)
+    tokenizer: str | None = MISSING  # bytes (or null): UTF-8 bytes; or a tokenizers JSON file
+    block_size: int = MISSING  # tokens a sample trains on (windows of block_size + 1)
+    val_fraction: float = MISSING  # without val.txt or val/: this share of the tokens, the last
+    cache_dir: str | None = MISSING  # null: $XDG_CACHE_HOME/dpt/tokens (~/.cache/dpt/tokens)
+    num_workers: int = MISSING
+    # false: every epoch in index order (dpt applies it: the target never sees it)
+    shuffle: bool = MISSING
+
+
+@dataclass
 class CustomDatasetConfig:
     """Plain `torch.utils.data.Dataset` classes of yours (dpt/data/custom.py): each item an
     (input, target) pair; the input shape is read from the first training sample."""
@@ -393,14 +438,16 @@ class CustomDatasetConfig:
 
 def declared_targets(dataset: DictConfig) -> Targets | None:
     """What the samples' targets are, as a config of dpt's own data sets says (None: a data set
-    of yours, known only once built)."""
+    of yours, known only once built; shards, whose index says: images or tokens)."""
     schema = OmegaConf.get_type(dataset)
     if schema is CocoConfig and dataset.label_policy == "all":
         return Targets(integer=False, shape=(-1,))  # K-hot over the categories
     if schema in (SyntheticConfig, FakeImagesConfig):
         return Targets.labels(dataset.num_classes)
-    if schema in (CocoConfig, ImageFolderConfig, ShardsConfig):
+    if schema in (CocoConfig, ImageFolderConfig):
         return Targets.labels()
+    if schema is TextConfig:
+        return Targets(integer=True, shape=(dataset.block_size,))  # token ids, one token later
     return None
 
 
@@ -545,6 +592,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "resnet18": ResNetConfig,
         "resnet50": ResNetConfig,
         "torchvision": TorchvisionModelConfig,
+        "gpt": GPTConfig,
     },
     "dataset": {
         "synthetic": SyntheticConfig,
@@ -553,12 +601,14 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "image_folder": ImageFolderConfig,
         "shards": ShardsConfig,
         "custom": CustomDatasetConfig,
+        "text": TextConfig,
     },
     "task": {
         "classification": ClassificationTaskConfig,
         "binary": BinaryTaskConfig,
         "multilabel": MultilabelTaskConfig,
         "regression": RegressionTaskConfig,
+        "language_model": LanguageModelTaskConfig,
         "custom": CustomTaskConfig,
     },
     "strategy": {

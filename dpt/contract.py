@@ -51,6 +51,7 @@ class DataModule(Protocol):
       `dpt-predict`;
     - `target_spec`: a `dpt.targets.Targets` saying what every target is, where reading the
       first sample to find out would cost (a download); default: the first readable sample's;
+    - `input_dtype`: the inputs' torch dtype where it is not float (token ids: `torch.long`);
     - `val_transform`: a `_target_` node (a dict) that builds the callable turning one decoded
       image (a uint8 `(3, H, W)` RGB tensor) into the model's input, as validation does. Saved in
       the run folder; `dpt-predict` needs it.
@@ -148,3 +149,11 @@ def targets_of(data: DataModule) -> Targets:
         return declared
     spec = Targets.of(first_sample(data.train, "dataset.train")[1])
     return spec.with_classes(getattr(data, "num_classes", None))
+
+
+def input_dtype(data: DataModule) -> Any:
+    """The data set's inputs' dtype (`input_dtype`; torch's default float where it gives none):
+    an empty batch must have it too."""
+    import torch
+
+    return getattr(data, "input_dtype", None) or torch.get_default_dtype()

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
-from dpt.contract import DataModule
+from dpt.contract import DataModule, input_dtype
 from dpt.data.position import DataPosition
 from dpt.data.seeded import SeededSamples
 from dpt.distributed import DistEnv
@@ -43,16 +43,22 @@ class DropUnreadable:
     empty batch of the dataset's input and target shapes: the loop trains on nothing there, but
     every rank still takes the step (ddp's all-reduce stays in step), and validation skips it."""
 
-    def __init__(self, input_shape: tuple[int, ...], targets: Targets | None = None) -> None:
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        targets: Targets | None = None,
+        input_dtype: torch.dtype | None = None,
+    ) -> None:
         self.input_shape = tuple(input_shape)
         self.targets = targets or Targets.labels()
+        self.input_dtype = input_dtype or torch.get_default_dtype()
 
     def __call__(self, samples: Sequence[Any] | StackedBatch) -> Batch:
         if isinstance(samples, StackedBatch):
             return samples.inputs, samples.labels, 0
         good = [s for s in samples if s is not None]
         if not good:
-            empty = torch.empty((0, *self.input_shape))
+            empty = torch.empty((0, *self.input_shape), dtype=self.input_dtype)
             return empty, self.targets.empty(), len(samples)
         inputs = torch.stack([torch.as_tensor(s[0]) for s in good])
         targets = self.targets.stack([s[1] for s in good])
@@ -256,7 +262,7 @@ def _loader_options(
     num_workers = data.num_workers
     options: dict[str, Any] = {
         "num_workers": num_workers,
-        "collate_fn": DropUnreadable(data.input_shape, targets),
+        "collate_fn": DropUnreadable(data.input_shape, targets, input_dtype(data)),
         # Pinned host memory lets the copy to the GPU overlap with compute (non_blocking=True).
         "pin_memory": env.device.type == "cuda",
         # Seeds the workers' own RNGs; training samples' augmentation is seeded per sample.

@@ -21,10 +21,11 @@ import json
 import logging
 import os
 import tarfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 log = logging.getLogger("dpt")
@@ -71,39 +72,54 @@ def write_shards(
     return written
 
 
+# One sample: its key and its members, (extension, bytes) in the order they are written.
+Sample = tuple[str, list[tuple[str, bytes]]]
+
+
 def _write_split(out: Path, split: Split, shard_bytes: int) -> list[ShardInfo]:
-    shards: list[ShardInfo] = []
-    batch: list[tuple[str, bytes, int]] = []  # (member name of the image, its bytes, label)
-    size = 0
     # A bar on a terminal (disable=None: none in a log file), for sets of millions of images.
     progress = tqdm(split.samples, desc=split.name, unit="img", disable=None, leave=False)
-    for index, (path, label) in enumerate(progress):
+    return _write_samples(out, split.name, _images(split.name, progress), shard_bytes)
+
+
+def _images(split: str, samples: Iterable[tuple[str, int]]) -> Iterator[Sample]:
+    """Each image file as its bytes (`<key>.<ext>`) and its label (`<key>.cls`)."""
+    for index, (path, label) in enumerate(samples):
         try:
             data = Path(path).read_bytes()
         except OSError as error:  # a truncated file is copied as it is; a missing one cannot be
-            log.warning(f"{split.name}: left out {path}: {error.strerror}")
+            log.warning(f"{split}: left out {path}: {error.strerror}")
             continue
         ext = Path(path).suffix.lower().lstrip(".") or "bin"
-        if batch and size + len(data) > shard_bytes:
-            shards.append(_write_shard(out, split.name, len(shards), batch))
+        yield f"{index:08d}", [(ext, data), ("cls", str(label).encode())]
+
+
+def _write_samples(
+    out: Path, split: str, samples: Iterable[Sample], shard_bytes: int
+) -> list[ShardInfo]:
+    """The samples in order, cut into shards of about `shard_bytes`."""
+    shards: list[ShardInfo] = []
+    batch: list[Sample] = []
+    size = 0
+    for sample in samples:
+        length = sum(len(data) + tarfile.BLOCKSIZE for _, data in sample[1])
+        if batch and size + length > shard_bytes:
+            shards.append(_write_shard(out, split, len(shards), batch))
             batch, size = [], 0
-        batch.append((f"{index:08d}.{ext}", data, label))
-        size += len(data) + 2 * tarfile.BLOCKSIZE
+        batch.append(sample)
+        size += length
     if batch:
-        shards.append(_write_shard(out, split.name, len(shards), batch))
+        shards.append(_write_shard(out, split, len(shards), batch))
     return shards
 
 
-def _write_shard(
-    out: Path, split: str, number: int, samples: list[tuple[str, bytes, int]]
-) -> ShardInfo:
+def _write_shard(out: Path, split: str, number: int, samples: list[Sample]) -> ShardInfo:
     name = f"{split}-{number:06d}.tar"
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for member, data, label in samples:
-            key = member.split(".", 1)[0]
-            _add(tar, member, data)
-            _add(tar, f"{key}.cls", str(label).encode())
+        for key, members in samples:
+            for ext, data in members:
+                _add(tar, f"{key}.{ext}", data)
     content = buffer.getvalue()
     _write_file(out / name, content)
     return ShardInfo(name, len(samples), len(content), hashlib.md5(content).hexdigest())
@@ -139,3 +155,40 @@ def _write_file(path: Path, content: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+# index.json's `kind` of token shards (`dpt-shards --text`); images where it has none.
+TOKENS = "tokens"
+TOKEN_MEMBER = "tokens"  # a sample's one member: block_size + 1 ids, little-endian
+
+
+def write_token_shards(
+    out: Path,
+    parts: dict[str, np.ndarray],
+    block_size: int,
+    tokenizer: dict[str, object],
+    tokenizer_text: str | None,
+    shard_bytes: int,
+) -> dict[str, list[ShardInfo]]:
+    """Each role's windows of `block_size + 1` token ids (window i starts at id i x
+    block_size, as dataset=text reads them) as shards of `<key>.tokens` members, and an index
+    saying so (kind, block size, dtype, vocabulary, tokenizer: its file beside the index)."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for role, ids in parts.items():
+        dtype = np.dtype(ids.dtype).newbyteorder("<")
+        samples = ((f"{i:08d}", [(TOKEN_MEMBER, ids[i * block_size : (i + 1) * block_size + 1]
+                                  .astype(dtype).tobytes())])
+                   for i in range((len(ids) - 1) // block_size))  # fmt: skip
+        shards = _write_samples(out, role, samples, shard_bytes)
+        _write_json(out / f"{role}.json", _descriptor(role, shards, []))
+        written[role] = shards
+        log.info(f"{role}: {sum(s.nsamples for s in shards)} windows in {len(shards)} shards")
+    if tokenizer_text is not None:
+        _write_file(out / str(tokenizer["file"]), tokenizer_text.encode())
+    index = {"__kind__": DPT_KIND, "kind": TOKENS, "block_size": block_size,
+             "dtype": str(next(iter(parts.values())).dtype), "tokenizer": tokenizer,
+             "classes": [], "splits": {role: f"{role}.json" for role in written},
+             **{role: role for role in written}}  # fmt: skip
+    _write_json(out / INDEX, index)
+    return written

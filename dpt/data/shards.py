@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 from wids.wids import IndexedTarSamples
@@ -40,7 +41,8 @@ from dpt.data.shard_cache import (
     local_path,
     read_bytes,
 )
-from dpt.data.shard_writer import DPT_KIND, INDEX, WIDS_KIND
+from dpt.data.shard_writer import DPT_KIND, INDEX, TOKEN_MEMBER, TOKENS, WIDS_KIND
+from dpt.data.tokenizer import BYTES, ByteTokenizer, FileTokenizer, Tokenizer
 from dpt.errors import ConfigError, DptError
 from dpt.seeding import derived_seed
 from dpt.targets import Targets
@@ -65,11 +67,14 @@ class Shard:
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """What `dpt-shards` wrote: the class names and each role's ("train", "val") shards."""
+    """What `dpt-shards` wrote: the class names and each role's ("train", "val") shards; for
+    token shards (`kind`), their block size, dtype and tokenizer."""
 
     root: str
     classes: list[str]
     splits: dict[str, list[Shard]]
+    kind: str = "images"
+    fields: dict[str, Any] | None = None  # the index's other keys (token shards' settings)
 
 
 def read_index(root: str, policy: FetchPolicy) -> ShardIndex:
@@ -88,7 +93,7 @@ def read_index(root: str, policy: FetchPolicy) -> ShardIndex:
         ]
     if "train" not in splits:
         raise DptError(f"dataset.root={root}: {INDEX} names no train split")
-    return ShardIndex(root, list(index["classes"]), splits)
+    return ShardIndex(root, list(index["classes"]), splits, index.get("kind", "images"), index)
 
 
 def _read_json(url: str, kind: str, policy: FetchPolicy) -> dict[str, Any]:
@@ -126,9 +131,10 @@ def _permutation(size: int, seed: int, epoch: int, part: int) -> torch.Tensor:
     return torch.randperm(size, generator=generator)
 
 
-class ShardedImages(Dataset):
-    """One split's samples: item `i` is (the decoded, transformed image, its label), or None
-    where the image or its whole shard cannot be read and `on_bad_image` says skip.
+class ShardedSamples(Dataset):
+    """One split's samples, each read from its shard through the cache: item `i` is what
+    `item` makes of its tar members, or None where its whole shard cannot be had and
+    `on_bad_image` says skip.
 
     The cache and the open shards are made in the process that reads (each loader worker), on
     first use: open files and locks are not carried across a fork or a pickle."""
@@ -136,13 +142,11 @@ class ShardedImages(Dataset):
     def __init__(
         self,
         shards: Sequence[Shard],
-        decode: Decoder,
         on_bad_image: str,
         cache: Callable[[], ShardCache],
         shuffle_window: int,
     ) -> None:
         self.shards = list(shards)
-        self.decode = decode
         self.bad_images = BadImages(on_bad_image)
         self.make_cache = cache
         self.epoch_order = ShardOrder([s.nsamples for s in self.shards], shuffle_window)
@@ -164,26 +168,16 @@ class ShardedImages(Dataset):
         shard = bisect.bisect_right(self.epoch_order.starts, index) - 1
         return shard, index - self.epoch_order.starts[shard]
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | None:
+    def __getitem__(self, index: int) -> Any:
         shard, k = self.locate(index)
         samples = self._samples(shard)
         if samples is None:
             return None
-        sample = samples[k]  # wids' keys: the members' extensions with their dot, and "__key__"
-        url = self.shards[shard].url
-        members = sorted(e for e in sample if e != "__key__")
-        images = [e for e in members if e != ".cls"]
-        if ".cls" not in sample or not images:
-            raise DptError(
-                f"shard {url}: sample {sample['__key__']} has members {members}; "
-                "dataset=shards reads <key>.<image extension> and <key>.cls (as dpt-shards writes)"
-            )
-        label = int(sample[".cls"].getvalue())
-        ext = images[0]
-        source = f"{url}/{sample['__key__']}{ext}"
-        # A bytearray: the decoders hand it to torch.frombuffer, which warns on read-only bytes.
-        image = self.bad_images.decode(self.decode, bytearray(sample[ext].getvalue()), source)
-        return None if image is None else (image, label)
+        # wids' keys: the members' extensions with their dot, and "__key__"
+        return self.item(samples[k], self.shards[shard].url)
+
+    def item(self, sample: dict[str, Any], url: str) -> Any:
+        raise NotImplementedError
 
     def _samples(self, shard: int) -> IndexedTarSamples | None:
         """Shard `shard` open and indexed, or None where it cannot be had and bad data is
@@ -223,6 +217,47 @@ class ShardedImages(Dataset):
             ) from None
 
 
+class ShardedImages(ShardedSamples):
+    """Item `i` is (the decoded, transformed image, its label), or None where the image cannot
+    be read and `on_bad_image` says skip."""
+
+    def __init__(self, shards: Sequence[Shard], decode: Decoder, *args: Any) -> None:
+        super().__init__(shards, *args)
+        self.decode = decode
+
+    def item(self, sample: dict[str, Any], url: str) -> tuple[torch.Tensor, int] | None:
+        members = sorted(e for e in sample if e != "__key__")
+        images = [e for e in members if e != ".cls"]
+        if ".cls" not in sample or not images:
+            raise DptError(
+                f"shard {url}: sample {sample['__key__']} has members {members}; "
+                "dataset=shards reads <key>.<image extension> and <key>.cls (as dpt-shards writes)"
+            )
+        label = int(sample[".cls"].getvalue())
+        ext = images[0]
+        source = f"{url}/{sample['__key__']}{ext}"
+        # A bytearray: the decoders hand it to torch.frombuffer, which warns on read-only bytes.
+        image = self.bad_images.decode(self.decode, bytearray(sample[ext].getvalue()), source)
+        return None if image is None else (image, label)
+
+
+class ShardedTokens(ShardedSamples):
+    """Item `i` is a window of `block_size + 1` token ids (`<key>.tokens`, as `dpt-shards
+    --text` writes them): the input and, one token later, the targets, as dataset=text gives."""
+
+    def __init__(self, shards: Sequence[Shard], dtype: str, *args: Any) -> None:
+        super().__init__(shards, *args)
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+
+    def item(self, sample: dict[str, Any], url: str) -> tuple[torch.Tensor, torch.Tensor]:
+        member = f".{TOKEN_MEMBER}"
+        if member not in sample:
+            raise DptError(f"shard {url}: sample {sample['__key__']} has no {member} member")
+        ids = np.frombuffer(sample[member].getvalue(), dtype=self.dtype).astype(np.int64)
+        window = torch.from_numpy(ids)
+        return window[:-1], window[1:]
+
+
 def default_cache_dir() -> str:
     """`$XDG_CACHE_HOME/dpt/shards`, else `~/.cache/dpt/shards`: the node's, for its ranks."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -254,6 +289,11 @@ class ShardsData:
         cache = _CacheFactory(cache_dir or default_cache_dir(), cache_limit_gb, policy)
         _check_cache_limit(index, cache_limit_gb)
         self.root, self.classes = root, index.classes
+        self.num_workers = num_workers
+        if index.kind == TOKENS:
+            self._tokens(index, on_bad_image, cache, shuffle_window, policy)
+            _log_splits(index, None if is_local(root) else cache)
+            return
         self.train = ShardedImages(
             index.splits["train"], RandomResizedCropDecode(image_size), on_bad_image, cache,
             shuffle_window,
@@ -268,9 +308,37 @@ class ShardsData:
         self.num_classes = len(index.classes)
         # Known from the index: reading a sample to find out would fetch a shard.
         self.target_spec = Targets.labels(self.num_classes)
-        self.num_workers = num_workers
         self.val_transform = {"_target_": "dpt.data.images.val_transform", "image_size": image_size}
         _log_splits(index, None if is_local(root) else cache)
+
+    def _tokens(
+        self, index: ShardIndex, on_bad_image: str, cache: _CacheFactory, shuffle_window: int,
+        policy: FetchPolicy,
+    ) -> None:  # fmt: skip
+        """Token shards (`dpt-shards --text`): windows of token ids for a language model, as
+        dataset=text gives them, with the tokenizer they were made with."""
+        fields = index.fields or {}
+        block_size, dtype = int(fields["block_size"]), str(fields["dtype"])
+        self.train = ShardedTokens(index.splits["train"], dtype, on_bad_image, cache,
+                                   shuffle_window)  # fmt: skip
+        self.val = None
+        if "val" in index.splits:
+            self.val = ShardedTokens(index.splits["val"], dtype, on_bad_image, cache,
+                                     shuffle_window)  # fmt: skip
+        self.tokenizer = shards_tokenizer(index.root, fields["tokenizer"], policy)
+        self.input_shape = (block_size,)
+        self.input_dtype = torch.long
+        self.num_classes = self.tokenizer.vocab_size
+        self.classes = None
+        self.target_spec = Targets(integer=True, shape=(block_size,), classes=self.num_classes)
+
+
+def shards_tokenizer(root: str, described: dict[str, Any], policy: FetchPolicy) -> Tokenizer:
+    """The tokenizer token shards were made with: bytes, or the tokenizers file beside them."""
+    if described.get("kind", BYTES) == BYTES:
+        return ByteTokenizer()
+    text = read_bytes(join_url(root, described["file"]), policy, what="tokenizer").decode()
+    return FileTokenizer.from_text(text, described["file"])
 
 
 def _check_cache_limit(index: ShardIndex, limit_gb: float) -> None:

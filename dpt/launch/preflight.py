@@ -11,15 +11,19 @@ folders Hydra makes before their own overrides are known, are refused there, at 
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from dpt.config import declared_targets, task_kind
+from dpt.config import ShardsConfig, declared_targets, task_kind
 from dpt.launch.validate import is_own_model
 from dpt.tasks import fit
 
 
 def needs_building(cfg: DictConfig) -> bool:
-    """Whether the fit depends on code of yours: a data set, a model or a custom task."""
+    """Whether the fit depends on code of yours: a data set, a model or a custom task. Shards
+    are not read here (their index, over HTTP perhaps, is the ranks' to fetch): they are
+    checked at start."""
+    if OmegaConf.get_type(cfg.dataset) is ShardsConfig:
+        return False
     return (
         task_kind(cfg.task) == fit.CUSTOM
         or declared_targets(cfg.dataset) is None

@@ -1,5 +1,6 @@
-"""`dpt-shards`: an image folder or a COCO set (both splits) as WebDataset shards
-(dpt/data/shard_writer.py); errors as one line on stderr, exit 1."""
+"""`dpt-shards`: an image folder or a COCO set (both splits), or text as windows of token ids
+(`--text`), as WebDataset shards (dpt/data/shard_writer.py); errors as one line on stderr,
+exit 1."""
 
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     source.add_argument(
         "--coco", metavar="ROOT", help="ROOT/annotations/instances_<split>.json and ROOT/<split>/"
     )
+    source.add_argument(
+        "--text", metavar="ROOT", help="a .txt file or a folder of them (as dataset=text reads)"
+    )
+    parser.add_argument("--tokenizer", default="bytes", metavar="FILE",
+                        help="--text: bytes (default) or a tokenizers JSON file")  # fmt: skip
+    parser.add_argument("--block-size", type=int, default=None, metavar="N",
+                        help="--text: tokens a sample trains on (model.block_size)")  # fmt: skip
+    parser.add_argument("--val-fraction", type=float, default=0.1, metavar="F",
+                        help="--text without val.txt, val/: the last share of ids")  # fmt: skip
     parser.add_argument("--out", required=True, metavar="DIR", help="the shards' folder")
     parser.add_argument("--shard-size-mb", type=float, default=256.0, metavar="N",
                         help="about N MB of images per shard (default 256)")  # fmt: skip
@@ -60,6 +70,23 @@ def splits_of(args: argparse.Namespace) -> tuple[list[Split], list[str]]:
     return splits, sets[0].classes
 
 
+def write_text(args: argparse.Namespace) -> None:
+    """The text's token ids, as dataset=text makes them, in windows of --block-size + 1."""
+    from dpt.data.shard_writer import write_token_shards
+    from dpt.data.text import text_files, tokenize
+    from dpt.data.tokenizer import load_tokenizer
+
+    if args.block_size is None or args.block_size < 1:
+        raise DptError("--text needs --block-size N (N >= 1: model.block_size of the runs)")
+    tokenizer = load_tokenizer(args.tokenizer)
+    train, val = text_files(Path(args.text))
+    parts = tokenize(train, val, tokenizer, args.val_fraction)
+    described = {k: v for k, v in tokenizer.describe().items() if k != "source"}
+    text = getattr(tokenizer, "text", None)  # a tokenizers file's, kept beside the shards
+    write_token_shards(Path(args.out), parts, args.block_size, described, text,
+                       int(args.shard_size_mb * 2**20))  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     setup_logging("dpt-shards")
@@ -67,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         if args.shard_size_mb <= 0:
             raise DptError(f"--shard-size-mb {args.shard_size_mb:g}: must be > 0")
+        if args.text is not None:
+            write_text(args)
+            return
         splits, classes = splits_of(args)
         write_shards(Path(args.out), splits, classes, int(args.shard_size_mb * 2**20))
     except (DptError, OSError) as error:

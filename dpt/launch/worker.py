@@ -31,6 +31,7 @@ from dpt.loop.parts import Parts, RunConfig, build_parts, length_key, run_length
 from dpt.loop.trainer import Trainer, TrainResult
 from dpt.observe import dashboard
 from dpt.observe.logs import TRACE_LOGGER_NAME, setup_logging, traceback_file
+from dpt.observe.metrics import throughput_text
 from dpt.observe.rollcall import RollCall
 from dpt.state import checkpoint
 from dpt.state.results import write_run_data
@@ -153,7 +154,7 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         return finished
     _log_start(parts)
     if env.is_main:  # before the first step: a run cut short still leaves what predict needs
-        write_run_data(run_dir, parts.run_data)
+        write_run_data(run_dir, parts.run_data, parts.run_files)
     hparams = _hparams(cfg, env, parts.global_batch, run_dir)
     val_metrics = list(config.val_metrics(cfg.task))
     parts.metrics.start_session(hparams, dashboard.session_metrics(val_metrics))
@@ -164,6 +165,8 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         summary = _summary(result, env, parts.global_batch, hparams)
         summary["task"] = parts.task.kind
         summary["val_metrics"] = val_metrics  # the sweep's columns
+        if parts.throughput is not None:  # the world's tokens/s and MFU over the whole run
+            summary |= parts.throughput.summary(summary["samples_per_s"], env.world_size)
         summary["best"] = parts.best_model.summary()
         summary["objective"] = _objective(cfg, parts).record(summary)
         if summary["objective"]["value"] is not None:  # HPARAMS lists it for every run
@@ -172,8 +175,8 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         if env.is_main:
             log.info(
                 f"done: {result.steps} steps in {result.wall_time_s:.1f} s | "
-                f"{summary['samples_per_s']:,.0f} samples/s (world) | final loss "
-                f"{_fmt(result.final_loss)} | run folder {run_dir}"
+                f"{summary['samples_per_s']:,.0f} samples/s (world){_tokens(summary)} | final "
+                f"loss {_fmt(result.final_loss)} | run folder {run_dir}"
             )
             _write_outputs(run_dir, weights, summary)
         ended = True
@@ -313,6 +316,12 @@ def _flatten(node: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
             out[name] = value
         elif value is not None:
             out[name] = str(value)
+
+
+def _tokens(summary: dict[str, Any]) -> str:
+    """` | 51,200 tokens/s | MFU 38.5%`, for a run of tokens ("" for others)."""
+    named = {"train/tokens_per_s": "tokens_per_s", "perf/mfu": "mfu", "perf/tflops": "tflops"}
+    return throughput_text({tag: summary[key] for tag, key in named.items() if key in summary})
 
 
 def _fmt(value: float | None) -> str:

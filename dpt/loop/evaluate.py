@@ -25,11 +25,11 @@ class Validation:
         task: Task,
         autocast: Callable[[], AbstractContextManager[Any]],
         to_device: Callable[[torch.Tensor], torch.Tensor],
-        lockstep_shape: tuple[int, ...] | None,
+        lockstep: torch.Tensor | None,
     ) -> None:
         self.loader, self.env, self.task = loader, env, task
         self.autocast, self.to_device = autocast, to_device
-        self.lockstep_shape = lockstep_shape  # see `evaluate`
+        self.lockstep = lockstep  # see `evaluate`
         self.last: dict[str, float] = {}
         self.best: dict[str, float] = {}
 
@@ -39,7 +39,7 @@ class Validation:
             return {}
         self.last = evaluate(
             model, self.loader, self.env, self.task, self.autocast, self.to_device,
-            self.lockstep_shape,
+            self.lockstep,
         )  # fmt: skip
         for key, value in self.last.items():
             best = self.best.get(key)
@@ -62,11 +62,11 @@ def evaluate(
     task: Task,
     autocast: Callable[[], AbstractContextManager[Any]],
     to_device: Callable[[torch.Tensor], torch.Tensor],
-    lockstep_shape: tuple[int, ...] | None = None,
+    lockstep: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """World-wide loss and the task's metrics; all ranks must call it. `lockstep_shape` (one
-    input's shape; fsdp, whose every forward is a collective): every rank runs as many forwards
-    as the rank with the most batches, the missing ones on empty inputs."""
+    """World-wide loss and the task's metrics; all ranks must call it. `lockstep` (an empty batch
+    of the data's inputs; fsdp, whose every forward is a collective): every rank runs as many
+    forwards as the rank with the most batches, the missing ones on that empty batch."""
     import torchmetrics  # here: a run without validation never pays for the import
 
     metrics = {
@@ -79,9 +79,9 @@ def evaluate(
     was_training = model.training
     model.eval()
     # Agreed before the first forward: a collective of its own amid fsdp's would mismatch them.
-    padding = _missing_forwards(len(loader), env) if lockstep_shape is not None else 0
+    padding = _missing_forwards(len(loader), env) if lockstep is not None else 0
     for inputs, targets, _ in loader:
-        if not len(targets) and lockstep_shape is None:  # all unreadable (the loader counted them)
+        if not len(targets) and lockstep is None:  # all unreadable (the loader counted them)
             continue
         inputs = to_device(inputs)
         targets = targets.to(env.device, non_blocking=inputs.is_cuda)
@@ -96,7 +96,7 @@ def evaluate(
         task.update(own, outputs, targets)
     for _ in range(padding):
         with autocast():
-            model(to_device(torch.zeros(0, *lockstep_shape or ())))
+            model(to_device(lockstep))
     model.train(was_training)
     # compute() all-gathers the metric states from every rank (sums: uneven shards are fine).
     return {f"val/{k}": float(v) for k, v in collection.compute().items()}

@@ -21,7 +21,7 @@ from dpt.config import (
     build_as,
     task_kind,
 )
-from dpt.contract import DataModule, output_names, targets_of, val_transform_node
+from dpt.contract import DataModule, input_dtype, output_names, targets_of, val_transform_node
 from dpt.data.batch_memory import check_batch_fits
 from dpt.data.loaders import Loaders, ToDevice, build_loaders
 from dpt.distributed import DistEnv
@@ -35,6 +35,7 @@ from dpt.models import build_model
 from dpt.models.meta import output_shape
 from dpt.monitor.grad_diagnostics import GradDiagnostics
 from dpt.monitor.monitor import Monitor
+from dpt.observe.flops import Throughput, peak_tflops
 from dpt.observe.logs import setup_logging
 from dpt.observe.memory import MemoryUse
 from dpt.observe.metrics import MetricsLogger
@@ -78,6 +79,7 @@ class Parts:
     run_dir: Path
     strategy: Strategy
     task: Task
+    throughput: Throughput | None  # tokens/s and MFU: a task of tokens
     loaders: Loaders
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -92,6 +94,7 @@ class Parts:
     early_stopping: EarlyStopping
     best_model: BestModel
     run_data: RunData  # what dpt-predict needs: class names, input shape, validation transform
+    run_files: dict[str, bytes]  # kept beside data.json: a language model's tokenizers file
     total_steps: int
     global_batch: int
     checkpoints: Checkpoints
@@ -113,6 +116,7 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
     torch.manual_seed(t.seed)  # identical initial weights on every rank, every strategy
     model = build_model(groups.model, data.input_shape, task.num_outputs)
     task.check(output_shape(model, data.input_shape))  # one line, before the first step
+    throughput = token_throughput(task, model, t, env)
     model = strategy.wrap(model.to(env.device), env, t.precision)
     if t.compile:
         model = torch.compile(model)
@@ -125,20 +129,21 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
                       sharded_norm=strategy.shards_gradients and env.distributed)  # fmt: skip
     return Parts(
         settings=t, checkpoint=cfg.checkpoint, env=env, run_dir=run_dir, strategy=strategy,
-        task=task.to(env.device), loaders=loaders, model=model, optimizer=optimizer,
-        scheduler=scheduler,
-        precision=precision, to_device=to_device,
-        metrics=MetricsLogger(run_dir, env, total_steps, MemoryUse(model, optimizer).scalars),
+        task=task.to(env.device), throughput=throughput, loaders=loaders, model=model,
+        optimizer=optimizer, scheduler=scheduler, precision=precision, to_device=to_device,
+        metrics=MetricsLogger(run_dir, env, total_steps, MemoryUse(model, optimizer).scalars,
+                              throughput),
         agreement=Agreement(env, total_steps, cfg.monitor.nonfinite.action, t.log_every_n_steps,
                             every_step=monitor.every_step),
         monitor=monitor,
         diagnostics=GradDiagnostics(model, cfg.monitor.grad_diagnostics_every),
         validation=Validation(loaders.val, env, task, precision.autocast, to_device,
-                              _lockstep_shape(strategy, env, data.input_shape)),
+                              _lockstep_input(strategy, env, data)),
         early_stopping=EarlyStopping(t.early_stopping, verbose=env.is_main),
         best_model=BestModel(t.early_stopping.metric, t.early_stopping.mode,
                              cfg.checkpoint.save_best, run_dir, env),
         run_data=run_data(data, task),
+        run_files=run_files(data),
         total_steps=total_steps,
         global_batch=loaders.global_batch(t.grad_accum_steps),
         checkpoints=Checkpoints(run_dir, env, cfg.checkpoint.keep, cfg.yaml),
@@ -161,7 +166,9 @@ def build_data_task(node: DictConfig, data: DataModule) -> Task:
     """The run's task, fitted to what the data set's targets are (and its classes)."""
     kind, targets = task_kind(node), targets_of(data)
     outputs = fit.num_outputs(kind, targets, getattr(data, "num_classes", None))
-    names = output_names(data, outputs, classification=kind == fit.CLASSIFICATION)
+    # A vocabulary's tokens are not listed (its tokenizer is kept instead: dpt-generate).
+    names = [] if kind == fit.LANGUAGE_MODEL else output_names(
+        data, outputs, classification=kind == fit.CLASSIFICATION)  # fmt: skip
     return build_task(node, targets, outputs, names)
 
 
@@ -187,13 +194,36 @@ def _meta_output(node: DictConfig, input_shape: tuple[int, ...], task: Task) -> 
     return output_shape(model, input_shape)
 
 
+def run_files(data: DataModule) -> dict[str, bytes]:
+    """What the data set's run keeps beside data.json: its tokenizers file, if any."""
+    tokenizer = getattr(data, "tokenizer", None)
+    text = getattr(tokenizer, "text", None)
+    return {} if text is None else {tokenizer.describe()["file"]: text.encode()}
+
+
+def token_throughput(
+    task: Task, model: nn.Module, settings: TrainerConfig, env: DistEnv
+) -> Throughput | None:
+    """For a task of tokens: its tokens per sample, the model's FLOPs per token where it counts
+    them (`flops_per_token`), and the device's peak at the run's precision."""
+    tokens = getattr(task, "tokens_per_sample", None)
+    if tokens is None:
+        return None
+    count = getattr(model, "flops_per_token", None)
+    name = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else ""
+    peak = peak_tflops(name, settings.precision, settings.peak_tflops)
+    return Throughput(tokens, count(tokens) if count else None, peak * 1e12 if peak else None)
+
+
 def run_data(data: DataModule, task: Task) -> RunData:
     """The data set's side of the contract that outlives the run (dpt.contract), and what
     prediction needs of the task: its kind, the output names, one target's shape."""
     transform = val_transform_node(data)
     text = None if transform is None else repr(build(OmegaConf.create(transform)))
+    tokenizer = getattr(data, "tokenizer", None)
     return RunData(task.names, list(data.input_shape), transform, text, task=task.kind,
-                   target_shape=list(task.targets.shape))  # fmt: skip
+                   target_shape=list(task.targets.shape), num_outputs=task.num_outputs,
+                   tokenizer=tokenizer.describe() if tokenizer is not None else None)  # fmt: skip
 
 
 def planned_steps(loaders: Loaders, settings: TrainerConfig, world_size: int) -> int:
@@ -223,11 +253,12 @@ def run_length(settings: TrainerConfig, total_steps: int, per_epoch: int) -> str
     return f"{total_steps} steps ({settings.epochs} epochs of {per_epoch} steps)"
 
 
-def _lockstep_shape(
-    strategy: Strategy, env: DistEnv, input_shape: tuple[int, ...]
-) -> tuple[int, ...] | None:
-    """One input's shape where validation must keep the ranks' forwards in step (fsdp)."""
-    return tuple(input_shape) if strategy.lockstep_forward and env.distributed else None
+def _lockstep_input(strategy: Strategy, env: DistEnv, data: DataModule) -> torch.Tensor | None:
+    """An empty batch of the data's inputs, where validation must keep the ranks' forwards in
+    step (fsdp): what a rank with fewer batches runs its missing forwards on."""
+    if not (strategy.lockstep_forward and env.distributed):
+        return None
+    return torch.empty((0, *data.input_shape), dtype=input_dtype(data))
 
 
 def _init_loader_worker(rank: int, log_file: Path, worker_id: int) -> None:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from dpt.errors import DptError
+from dpt.models.gpt import GPT
 from dpt.models.mlp import MLP
 
 RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
@@ -46,6 +47,8 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     """The model's blocks in forward order; [] for a model dpt knows no blocks of."""
     if isinstance(model, MLP):
         return [layer for layer in model if any(True for _ in layer.parameters())]
+    if isinstance(model, GPT):
+        return list(model.h)  # as the model holds them (wrapped, once recomputed)
     if _is_resnet(model):
         return [block for stage in RESNET_STAGES for block in getattr(model, stage)]
     return list(_torchvision_blocks(model))

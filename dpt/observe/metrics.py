@@ -26,6 +26,7 @@ import torch
 from dpt.distributed import DistEnv
 from dpt.observe import dashboard
 from dpt.observe.dashboard import WORLD
+from dpt.observe.flops import Throughput
 from dpt.observe.logs import HeldLines
 
 log = logging.getLogger("dpt")
@@ -98,6 +99,18 @@ class StragglerWatch:
         }
 
 
+def throughput_text(scalars: dict[str, float]) -> str:
+    """` | 51,200 tokens/s | MFU 38.5%` (or `| 0.052 TFLOP/s`): a console line's tail."""
+    text = ""
+    if "train/tokens_per_s" in scalars:
+        text += f" | {scalars['train/tokens_per_s']:,.0f} tokens/s"
+    if "perf/mfu" in scalars:
+        text += f" | MFU {scalars['perf/mfu']:.1%}"
+    elif "perf/tflops" in scalars:
+        text += f" | {scalars['perf/tflops']:.3g} TFLOP/s"
+    return text
+
+
 class MetricsLogger:
     def __init__(
         self,
@@ -105,9 +118,10 @@ class MetricsLogger:
         env: DistEnv,
         total_steps: int,
         memory: Callable[[], dict[str, float]] | None = None,  # per-rank sizes (dpt.observe.memory)
+        throughput: Throughput | None = None,  # tokens/s and MFU, for models of tokens
     ) -> None:
         self.env, self.tb = env, dashboard.place(run_dir)
-        self.memory = memory
+        self.memory, self.throughput = memory, throughput
         self.total_steps = total_steps
         self.purge_step: int | None = None
         self._writers: dict[str, Any] = {}  # made at the first write: tensorboard imports slowly
@@ -295,23 +309,32 @@ class MetricsLogger:
             rank_scalars["optim/grad_norm"] = mine["grad_norm"] / steps
         if self.memory is not None:
             rank_scalars |= self.memory()
-        rank_scalars |= window.extra
+        rank_throughput = self._throughput(mine["samples"] / elapsed)
+        rank_scalars |= window.extra | rank_throughput
         self._hold(f"rank{self.env.rank}", rank_scalars, window.step, window.wall_time)
         self.last_world_loss = sum(r["loss"] for r in world) / sum(r["steps"] for r in world)
         world_samples_s = sum(r["samples"] for r in world) / max(r["elapsed"] for r in world)
         stragglers = self.stragglers.update([r["work_s"] / r["steps"] for r in world])
         if self.env.is_main:
             world_scalars = {"train/loss": self.last_world_loss,
-                             "train/samples_per_s": world_samples_s, **stragglers}  # fmt: skip
+                             "train/samples_per_s": world_samples_s, **stragglers,
+                             **self._throughput(world_samples_s, len(world))}  # fmt: skip
             self._hold(WORLD, world_scalars, window.step, window.wall_time)
         self.lines.add(
             f"epoch {window.epoch + 1} | step {window.step}/{self.total_steps} | "
             f"loss {loss:.4f} | {mine['samples'] / elapsed:,.0f} samples/s"
+            + throughput_text(rank_throughput)
         )
         if self.bar is not None:
             self.bar.set_postfix(
                 loss=f"{self.last_world_loss:.4f}", samples_s=f"{world_samples_s:,.0f}"
             )
+
+    def _throughput(self, samples_per_s: float, devices: int = 1) -> dict[str, float]:
+        """tokens/s and MFU (or TFLOP/s) of `devices` devices at `samples_per_s` together."""
+        if self.throughput is None:
+            return {}
+        return self.throughput.scalars(samples_per_s, devices)
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         """Already-aggregated values (e.g. validation): rank 0 writes them to the world folder."""

@@ -30,16 +30,26 @@ class RunData:
     val_transform_text: str | None  # repr() of the built transform
     task: str = "classification"  # the task's kind (dpt.config.TASK_KINDS)
     target_shape: list[int] = field(default_factory=list)  # one target's; [] for a label
+    # The model's outputs per sample (a language model's vocabulary, whose tokens `classes`
+    # does not list); None: len(classes), as runs before language models wrote it.
+    num_outputs: int | None = None
+    # A language model's tokenizer: {"kind": "bytes" | "tokenizers", "vocab_size", "file"}
+    # (the file beside data.json in the run folder).
+    tokenizer: dict[str, Any] | None = None
 
     @property
     def num_classes(self) -> int:
         """The model's outputs per sample (one per class for classification)."""
-        return len(self.classes)
+        return self.num_outputs if self.num_outputs is not None else len(self.classes)
 
 
-def write_run_data(run_dir: Path, data: RunData) -> None:
+def write_run_data(run_dir: Path, data: RunData, files: dict[str, bytes] | None = None) -> None:
+    """data.json, and the `files` a run keeps beside it (a language model's tokenizers file:
+    dpt-generate decodes with it, wherever the run folder goes)."""
     from dpt.state.checkpoint import write_atomically  # torch: only where a rank writes
 
+    for name, content in (files or {}).items():
+        write_atomically(run_dir / name, lambda f, c=content: f.write(c), name)
     text = (json.dumps(asdict(data), indent=2) + "\n").encode()
     write_atomically(run_dir / DATA_FILE, lambda f: f.write(text), "data")
 
@@ -55,6 +65,8 @@ def read_run_data(run_dir: Path) -> RunData:
             val_transform_text=raw.get("val_transform_text"),
             task=str(raw.get("task", "classification")),
             target_shape=[int(n) for n in raw.get("target_shape", [])],
+            num_outputs=raw.get("num_outputs"),
+            tokenizer=raw.get("tokenizer"),
         )
     except FileNotFoundError:
         raise DptError(

@@ -12,15 +12,16 @@ from __future__ import annotations
 from dpt.errors import ConfigError
 from dpt.targets import Targets, batch_shape
 
-CLASSIFICATION, BINARY, MULTILABEL, REGRESSION, CUSTOM = (
-    "classification", "binary", "multilabel", "regression", "custom"
+CLASSIFICATION, BINARY, MULTILABEL, REGRESSION, LANGUAGE_MODEL, CUSTOM = (
+    "classification", "binary", "multilabel", "regression", "language_model", "custom"
 )  # fmt: skip
 
 
 def num_outputs(task: str, targets: Targets, classes: int | None) -> int:
-    """The model's outputs per sample: one per class for classification, else one per target
-    number (a column, a label of a K-hot row, a regression value)."""
-    if task == CLASSIFICATION:
+    """The model's outputs per sample: one per class for classification (per token of the
+    vocabulary for a language model, at each position), else one per target number (a column,
+    a label of a K-hot row, a regression value)."""
+    if task in (CLASSIFICATION, LANGUAGE_MODEL):
         if classes is None:
             raise ConfigError(
                 "task=classification needs the number of classes: the data set gives none "
@@ -86,6 +87,26 @@ def _regression(targets: Targets, output: tuple[int, ...] | None, outputs: int) 
         )
 
 
+def _language_model(targets: Targets, output: tuple[int, ...] | None, outputs: int) -> None:
+    if not targets.integer or len(targets.shape) != 1:
+        _refuse(LANGUAGE_MODEL, "token ids (B, T)", targets,
+                "use dataset=text, or a data set of windows of token ids")  # fmt: skip
+    if output is None:
+        return
+    steps = targets.shape[0]
+    if len(output) != 2 or output[0] != steps:
+        raise ConfigError(
+            f"task=language_model takes logits (B, T, V) for token ids (B, T): the model's output "
+            f"is {batch_shape(output)}, the target {targets.text()}"
+        )
+    if output[1] < outputs:
+        raise ConfigError(
+            f"task=language_model: the vocabulary has {outputs} tokens, more than the model's "
+            f"{output[1]} outputs per position (model.vocab_size={output[1]}: raise it, or null "
+            "for the data's)"
+        )
+
+
 def _fits(output: tuple[int, ...], targets: Targets) -> bool:
     """The same shape, or as many numbers per sample (the output is reshaped to the target's:
     `(B, 1)` for targets `(B,)`, `(B, 8)` for `(B, 2, 4)`)."""
@@ -106,4 +127,5 @@ RULES = {
     BINARY: _binary,
     MULTILABEL: _multilabel,
     REGRESSION: _regression,
+    LANGUAGE_MODEL: _language_model,
 }

@@ -1,0 +1,124 @@
+"""Text to token ids and back: bytes by default (256 symbols, nothing to install or train), or a
+Hugging Face `tokenizers` file (`dataset.tokenizer=path/tokenizer.json`, e.g. one `dpt-tokenizer`
+trained on the user's text). A run keeps what it used (`Tokenizer.describe`, and the file beside
+its weights), so that `dpt-generate` decodes with the same one."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpt.errors import DptError
+
+BYTES = "bytes"  # dataset.tokenizer's default: UTF-8 bytes, one token each
+RUN_FILE = "tokenizer.json"  # a run's copy of its tokenizers file, beside data.json
+
+
+class Tokenizer:
+    """Encodes text to ids and decodes ids to text; `vocab_size` ids, from 0."""
+
+    name: str
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: list[int]) -> str:
+        raise NotImplementedError
+
+    def encode_array(self, text: str, dtype: str) -> np.ndarray:
+        """`encode` as an array of `dtype` (the token file's)."""
+        return np.asarray(self.encode(text), dtype=dtype)
+
+    def fingerprint(self) -> str:
+        """What changes when its encoding changes: part of the token cache's key."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """What a run records of it (data.json)."""
+        return {"kind": self.name, "vocab_size": self.vocab_size}
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes: any text, 256 ids, no training; decoding replaces a cut multi-byte
+    character (a sample can stop inside one)."""
+
+    name, vocab_size = BYTES, 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def encode_array(self, text: str, dtype: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(dtype)
+
+    def fingerprint(self) -> str:
+        return BYTES
+
+
+class FileTokenizer(Tokenizer):
+    """A Hugging Face `tokenizers` JSON file (BPE, WordPiece, ...)."""
+
+    name = "tokenizers"
+
+    def __init__(self, path: Path) -> None:
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as error:
+            raise DptError(f"dataset.tokenizer={path}: {_reason(error)}") from error
+        self._load(text, str(path))
+        self.path: Path | None = path
+
+    @classmethod
+    def from_text(cls, text: str, name: str) -> FileTokenizer:
+        """One read from elsewhere (token shards over HTTP): `name` says where in errors."""
+        made = cls.__new__(cls)
+        made._load(text, name)
+        made.path = None
+        return made
+
+    def _load(self, text: str, name: str) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self.text = text
+        try:
+            self.impl = HFTokenizer.from_str(text)
+        except Exception as error:  # the library's own (a Rust panic's text, a JSON error)
+            raise DptError(
+                f"dataset.tokenizer={name}: not a tokenizers file ({_reason(error)}); write one "
+                "with dpt-tokenizer --text ROOT --vocab-size N --out FILE"
+            ) from error
+        self.vocab_size = self.impl.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.impl.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.impl.decode(ids)
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def describe(self) -> dict[str, Any]:
+        """`file`: its copy's name in a run folder (or beside token shards)."""
+        return {**super().describe(), "file": RUN_FILE}
+
+
+def load_tokenizer(spec: str | None) -> Tokenizer:
+    """`dataset.tokenizer`: `bytes` (or null), or the path of a tokenizers JSON file."""
+    if spec in (None, BYTES):
+        return ByteTokenizer()
+    path = Path(spec)
+    if not path.is_file():
+        raise DptError(f"dataset.tokenizer={spec}: file not found (or `bytes`)")
+    return FileTokenizer(path)
+
+
+def _reason(error: BaseException) -> str:
+    text = getattr(error, "strerror", None) or str(error).strip()
+    return (text.splitlines() or [type(error).__name__])[0]

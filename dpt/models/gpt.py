@@ -1,0 +1,135 @@
+"""A decoder-only transformer in the GPT-2 shape (`model=gpt`): token and position embeddings,
+`n_layer` pre-norm blocks of causal self-attention (`scaled_dot_product_attention`) and an MLP,
+a final LayerNorm, and a head that shares the token embedding's weights. GPT-2's initialisation:
+normal(0, 0.02), the residual projections scaled by 1/sqrt(2 n_layer).
+
+Its blocks (`GPT.h`) are dpt's units for fsdp and activation checkpointing (dpt/models/blocks.py).
+`flops_per_token` counts the training FLOPs per token (the PaLM paper's appendix B: 6N plus
+attention's 12 L H Q T), from which dpt reports MFU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from dpt.errors import DptError
+
+
+class SelfAttention(nn.Module):
+    """Causal multi-head self-attention: one projection to queries, keys and values, PyTorch's
+    fused attention (flash or memory-efficient kernels where the device has them)."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.n_head, self.dropout = n_head, dropout
+        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.proj_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, steps, width = x.shape
+        q, k, v = self.qkv(x).split(width, dim=2)
+        heads = [t.view(batch, steps, self.n_head, width // self.n_head).transpose(1, 2)
+                 for t in (q, k, v)]  # fmt: skip
+        y = F.scaled_dot_product_attention(
+            *heads, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )
+        y = y.transpose(1, 2).contiguous().view(batch, steps, width)
+        return self.proj_dropout(self.proj(y))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, n_embd: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
+        self.proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """x + attention(norm(x)), then x + MLP(norm(x))."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.attn = SelfAttention(n_embd, n_head, dropout, bias)
+        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.mlp = FeedForward(n_embd, dropout, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """Token ids (B, T) -> next-token logits (B, T, vocab_size), T at most `block_size`."""
+
+    def __init__(
+        self,
+        num_outputs: int,
+        block_size: int,
+        n_layer: int,
+        n_head: int,
+        n_embd: int,
+        dropout: float,
+        bias: bool,
+        vocab_size: int | None = None,
+    ) -> None:
+        """`num_outputs`: the data's vocabulary; `vocab_size`, where given, the embedding's rows
+        (more pads it, e.g. GPT-2's 50257 to 50304, a multiple of 64 that kernels like)."""
+        super().__init__()
+        if n_embd % n_head:
+            raise DptError(f"model.n_embd={n_embd}: must be a multiple of model.n_head={n_head}")
+        self.vocab_size, self.block_size = vocab_size or num_outputs, block_size
+        self.n_layer, self.n_head, self.n_embd = n_layer, n_head, n_embd
+        self.wte = nn.Embedding(self.vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd, bias=bias)
+        self.lm_head = nn.Linear(n_embd, self.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied: one matrix embeds and reads out tokens
+        self.apply(_init_weights)
+        for name, parameter in self.named_parameters():  # GPT-2: residual projections scaled
+            if name.endswith("proj.weight"):
+                nn.init.normal_(parameter, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        steps = idx.shape[1]
+        if steps > self.block_size:
+            raise DptError(
+                f"a sequence of {steps} tokens is longer than model.block_size={self.block_size}"
+            )
+        positions = torch.arange(steps, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(positions))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+    def num_params(self) -> int:
+        """Parameters without the position embedding (the tied head counted once): the N of
+        the FLOPs count, as nanoGPT and the PaLM paper count it."""
+        return sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel()
+
+    def flops_per_token(self, steps: int) -> float:
+        """Training FLOPs per token of sequences of `steps` tokens (forward and backward):
+        6N for the weights' multiply-adds, 12 L H Q T for attention's scores and values (PaLM,
+        appendix B: L layers, H heads of size Q)."""
+        head = self.n_embd // self.n_head
+        return 6.0 * self.num_params() + 12.0 * self.n_layer * self.n_head * head * steps
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
