@@ -540,6 +540,17 @@ class AdamWConfig:
 
 
 @dataclass
+class AdamWGPTConfig:
+    """AdamW with weight decay on matrices only (dpt/loop/optimizers.py)."""
+
+    _target_: str = "dpt.loop.optimizers.adamw_gpt"
+    _partial_: bool = True
+    lr: float = MISSING
+    weight_decay: float = MISSING
+    betas: list[float] = MISSING
+
+
+@dataclass
 class SGDConfig:
     _target_: str = "torch.optim.SGD"
     _partial_: bool = True
@@ -622,7 +633,12 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "torchrun": TorchrunLauncherConfig,
         "slurm": SlurmLauncherConfig,
     },
-    "optimizer": {"adam": AdamConfig, "adamw": AdamWConfig, "sgd": SGDConfig},
+    "optimizer": {
+        "adam": AdamConfig,
+        "adamw": AdamWConfig,
+        "adamw_gpt": AdamWGPTConfig,
+        "sgd": SGDConfig,
+    },
     "scheduler": {
         "constant": ConstantScheduleConfig,
         "warmup_cosine": WarmupCosineConfig,

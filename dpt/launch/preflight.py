@@ -5,15 +5,17 @@ What dpt's own data sets and models give is known from the config (`dpt.launch.v
 it without torch). A data set of yours (its targets are known once it is built), a model of
 yours (its output shape), and a loss of yours (tried on those shapes) are built here first, as a
 rank builds them (dpt.loop.parts.probe_fit): that costs the data set's building time once more,
-and is only done for them. Every rank checks again on its built parts (a multirun's jobs, whose
-folders Hydra makes before their own overrides are known, are refused there, at start).
+and is only done for them; and a text (dataset=text), whose tokens this makes once for the
+ranks (they read them from the cache) and whose vocabulary must fit the model's. Every rank
+checks again on its built parts (a multirun's jobs, whose folders Hydra makes before their own
+overrides are known, are refused there, at start).
 """
 
 from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from dpt.config import ShardsConfig, declared_targets, task_kind
+from dpt.config import ShardsConfig, TextConfig, declared_targets, task_kind
 from dpt.launch.validate import is_own_model
 from dpt.tasks import fit
 
@@ -22,12 +24,14 @@ def needs_building(cfg: DictConfig) -> bool:
     """Whether the fit depends on code of yours: a data set, a model or a custom task. Shards
     are not read here (their index, over HTTP perhaps, is the ranks' to fetch): they are
     checked at start."""
-    if OmegaConf.get_type(cfg.dataset) is ShardsConfig:
+    schema = OmegaConf.get_type(cfg.dataset)
+    if schema is ShardsConfig:
         return False
     return (
         task_kind(cfg.task) == fit.CUSTOM
         or declared_targets(cfg.dataset) is None
         or not is_own_model(cfg.model)
+        or schema is TextConfig  # its tokens, cached for the ranks; the model's vocabulary
     )
 
 
@@ -35,6 +39,9 @@ def check(cfg: DictConfig) -> None:
     """Raise the one-line DptError a rank would raise at start for this task's fit."""
     if not needs_building(cfg):
         return
-    from dpt.loop.parts import probe_fit  # imports torch: only for code of yours
+    from dpt.loop.parts import probe_fit  # imports torch: only where something is built
 
-    probe_fit(cfg, cfg.trainer.seed, own_model=is_own_model(cfg.model))
+    # Resolved, as a rank gets them (dataset=text's block size reads the model's).
+    groups = OmegaConf.create({group: OmegaConf.to_container(cfg[group], resolve=True)
+                               for group in ("dataset", "model", "task")})  # fmt: skip
+    probe_fit(groups, cfg.trainer.seed)

@@ -33,6 +33,7 @@ from dpt.config import (
     ResNetConfig,
     ShardsConfig,
     SlurmLauncherConfig,
+    TextConfig,
     TorchvisionModelConfig,
     declared_targets,
     higher_is_better,
@@ -67,6 +68,7 @@ def parse_nproc(value: str) -> int | None:
 
 def validate(cfg: DictConfig) -> None:
     """Reject out-of-range values with a one-line message that names the key."""
+    _validate_windows(cfg.dataset, cfg.model)  # first: its interpolation fails without a GPT
     _check_required(cfg)
     _check_known_keys(cfg)
     _validate_trainer(cfg.trainer)
@@ -92,8 +94,26 @@ def validate(cfg: DictConfig) -> None:
         _validate_fsdp(cfg.strategy, cfg.trainer)
 
 
+def _validate_windows(dataset: DictConfig, model: DictConfig) -> None:
+    """A text's windows must fit the model's longest sequence (dataset=text, model=gpt)."""
+    if OmegaConf.get_type(dataset) is not TextConfig:
+        return
+    found = OmegaConf.select(dataset, "block_size", throw_on_resolution_failure=False)
+    _check(found is not None, "dataset.block_size", "${model.block_size}",
+           "the model names no block_size: set dataset.block_size=N")  # fmt: skip
+    _check(dataset.block_size >= 1, "dataset.block_size", dataset.block_size, "must be >= 1")
+    longest = model.get("block_size")
+    _check(longest is None or dataset.block_size <= longest, "dataset.block_size",
+           dataset.block_size, f"longer than model.block_size={longest}")  # fmt: skip
+    _check(0 <= dataset.val_fraction < 1, "dataset.val_fraction", dataset.val_fraction,
+           "must be >= 0 and < 1")  # fmt: skip
+
+
 def _validate_model(model: DictConfig) -> None:
     """What a builder would refuse once the ranks run, said before any process starts."""
+    if model.get("n_embd") is not None and model.get("n_head"):
+        _check(model.n_embd % model.n_head == 0, "model.n_embd", model.n_embd,
+               f"must be a multiple of model.n_head={model.n_head}")  # fmt: skip
     for dim in model.get("hidden_dims", None) or []:
         _check(dim >= 1, "model.hidden_dims", list(model.hidden_dims), "every width must be >= 1")
     schema = OmegaConf.get_type(model)
@@ -328,6 +348,11 @@ def _validate_dataset_choices(dataset: DictConfig) -> None:
             )
     if OmegaConf.get_type(dataset) is ShardsConfig:
         _validate_shards_root(dataset.root)
+    elif OmegaConf.get_type(dataset) is TextConfig:  # a file, or a folder of them
+        _check(Path(dataset.root).exists(), "dataset.root", dataset.root, "no such file or folder")
+        tokenizer = dataset.tokenizer
+        _check(tokenizer in (None, "bytes") or Path(tokenizer).is_file(), "dataset.tokenizer",
+               tokenizer, "file not found (or bytes: UTF-8 bytes, 256 ids)")  # fmt: skip
     elif "root" in dataset:
         root = dataset.root
         _check(Path(root).is_dir(), "dataset.root", root, "folder not found")

@@ -115,7 +115,7 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
     loaders = build_loaders(data, env, t.batch_size, t.seed, worker_init, shuffle, task.targets)
     torch.manual_seed(t.seed)  # identical initial weights on every rank, every strategy
     model = build_model(groups.model, data.input_shape, task.num_outputs)
-    task.check(output_shape(model, data.input_shape))  # one line, before the first step
+    task.check(output_shape(model, data.input_shape, input_dtype(data)))  # before any step
     throughput = token_throughput(task, model, t, env)
     model = strategy.wrap(model.to(env.device), env, t.precision)
     if t.compile:
@@ -172,26 +172,26 @@ def build_data_task(node: DictConfig, data: DataModule) -> Task:
     return build_task(node, targets, outputs, names)
 
 
-def probe_fit(groups: DictConfig, seed: int, own_model: bool) -> None:
+def probe_fit(groups: DictConfig, seed: int) -> None:
     """The check `build_parts` makes of the task, made beforehand (dpt.launch.preflight): the
-    data set built as a rank builds it, the model (unless it is dpt's, built to fit) on the meta
-    device. Only the task's refusals and the data set's own one-line errors are raised: whatever
-    else fails here (a model that cannot be built) is left to the rank, which says it as always."""
+    data set built as a rank builds it, the model on the meta device. Only the task's refusals
+    and the data set's own one-line errors are raised: whatever else fails here (a model that
+    cannot be built) is left to the rank, which says it as always."""
     seed_everything(seed)
     data, _ = build_data(groups.dataset, seed)
     task = build_data_task(groups.task, data)
-    task.check(None if own_model else _meta_output(groups.model, data.input_shape, task))
+    task.check(_meta_output(groups.model, data, task))
 
 
-def _meta_output(node: DictConfig, input_shape: tuple[int, ...], task: Task) -> Any:
-    """The output shape per sample of a model of yours, built on the meta device; None where it
-    cannot be had there."""
+def _meta_output(node: DictConfig, data: DataModule, task: Task) -> Any:
+    """The model's output shape per sample, built on the meta device; None where it cannot be
+    had there."""
     try:
         with torch.device("meta"):
-            model = build_model(node, input_shape, task.num_outputs)
+            model = build_model(node, data.input_shape, task.num_outputs)
     except Exception:  # the rank builds it again, and reports what fails in its one line
         return None
-    return output_shape(model, input_shape)
+    return output_shape(model, data.input_shape, input_dtype(data))
 
 
 def run_files(data: DataModule) -> dict[str, bytes]:

@@ -11,10 +11,13 @@ from torch import nn
 from torch.func import functional_call
 
 
-def meta_forward(model: nn.Module, batch: int, input_shape: tuple[int, ...]) -> Any:
-    """The model's output for `batch` inputs of `input_shape`, as meta tensors, in eval mode
-    (one sample: BatchNorm in training mode would want more). Raises what the forward raises;
-    NotImplementedError where an operation has no shape inference."""
+def meta_forward(
+    model: nn.Module, batch: int, input_shape: tuple[int, ...], dtype: torch.dtype | None = None
+) -> Any:
+    """The model's output for `batch` inputs of `input_shape` (and `dtype`: token ids are
+    integers), as meta tensors, in eval mode (one sample: BatchNorm in training mode would want
+    more). Raises what the forward raises; NotImplementedError where an operation has no shape
+    inference."""
     meta = {
         key: torch.empty_like(tensor, device="meta")
         for key, tensor in [*model.named_parameters(), *model.named_buffers()]
@@ -22,17 +25,20 @@ def meta_forward(model: nn.Module, batch: int, input_shape: tuple[int, ...]) -> 
     was_training = model.training
     model.eval()
     try:
-        return functional_call(model, meta, (torch.empty(batch, *input_shape, device="meta"),))
+        inputs = torch.empty(batch, *input_shape, device="meta", dtype=dtype)
+        return functional_call(model, meta, (inputs,))
     finally:
         model.train(was_training)
 
 
-def output_shape(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+def output_shape(
+    model: nn.Module, input_shape: tuple[int, ...], dtype: torch.dtype | None = None
+) -> tuple[int, ...] | None:
     """One sample's output shape (B, ...) without the batch, or None where the meta forward
     cannot tell (a lazy layer, an operation without shape inference, an output that is not one
     tensor of the batch's length): the first step will tell then."""
     try:
-        output = meta_forward(model, 2, input_shape)
+        output = meta_forward(model, 2, input_shape, dtype)
     except Exception:  # anything the forward raises is the first step's to report
         return None
     if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != 2:
