@@ -157,9 +157,10 @@ SHUFFLE_KEY = "shuffle"
 def build_data(node: DictConfig, seed: int) -> tuple[DataModule, bool]:
     """The data set as dpt.contract says (its target gets its keys and `seed`, not `shuffle`),
     and whether its training order is shuffled (`dataset.shuffle`, true where not given)."""
-    shuffle = bool(node.get(SHUFFLE_KEY, True))
-    keys = [key for key in node if key != SHUFFLE_KEY]
-    return build_as(OmegaConf.masked_copy(node, keys), "dataset", seed=seed), shuffle
+    values = OmegaConf.to_container(node, resolve=True)  # dataset=text reads model.block_size
+    assert isinstance(values, dict)
+    shuffle = bool(values.pop(SHUFFLE_KEY, True))
+    return build_as(OmegaConf.create(values), "dataset", seed=seed), shuffle
 
 
 def build_data_task(node: DictConfig, data: DataModule) -> Task:
