@@ -411,8 +411,10 @@ def run_readme_block(tag: str, root: Path) -> tuple[Path, dict[str, Result]]:
 
     shutil.copytree(REPO / "examples", root / "examples")
     (root / "scripts").symlink_to(REPO / "scripts")
-    programs = {"python": [sys.executable], "dpt": [str(BIN / "dpt")],
-                "dpt-predict": [str(BIN / "dpt-predict")]}  # fmt: skip
+    programs = {"python": [sys.executable]} | {
+        name: [str(BIN / name)]
+        for name in ("dpt", "dpt-predict", "dpt-generate", "dpt-tokenizer", "dpt-shards")
+    }
     cwd, results = root, {}
     for command in readme_block(tag):
         args = shlex.split(command)

@@ -75,3 +75,33 @@ def test_the_other_problems_train(project: tuple[Path, dict[str, Result]]) -> No
     focal = _metrics(folder / "outputs" / "focal")
     assert (focal["best"]["metric"], focal["best"]["mode"]) == ("val/brier", "min")
     assert focal["val"]["val/acc"] > 0.9
+
+
+# --- Language models ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def language_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Result]]:
+    """README's "Language models" lines, as written, from a folder laid out like a clone."""
+    return run_readme_block("lm", tmp_path_factory.mktemp("lm"))
+
+
+@pytest.mark.timeout(600)
+def test_the_language_model_section_trains_samples_and_streams(
+    language_model: tuple[Path, dict[str, Result]],
+) -> None:
+    folder, results = language_model
+    tokenizer = json.loads((folder / "my_text" / "tokenizer.json").read_text())
+    assert tokenizer["model"]["type"] == "BPE"
+    run = folder / "outputs" / "gpt"
+    metrics = _metrics(run)
+    assert (metrics["task"], metrics["world_size"], metrics["steps"]) == ("language_model", 2, 40)
+    assert metrics["tokens_per_s"] > 0 and metrics["tflops"] > 0  # a CPU: TFLOP/s, no MFU
+    assert "val/perplexity" in metrics["val"]
+    data = json.loads((run / "data.json").read_text())
+    assert data["tokenizer"] == {"kind": "tokenizers", "vocab_size": 300, "file": "tokenizer.json"}
+    assert (run / "tokenizer.json").read_bytes() == (folder / "my_text/tokenizer.json").read_bytes()
+    generated = next(r for c, r in results.items() if c.startswith("dpt-generate")).stdout
+    assert generated.startswith("12+34=") and len(generated.strip()) > len("12+34=")
+    streamed = _metrics(folder / "outputs" / "gpt_shards")
+    assert streamed["steps"] == 20 and streamed["task"] == "language_model"
