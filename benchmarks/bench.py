@@ -16,7 +16,10 @@ the report), `monitor` (not run by default: the monitor's detectors timed in pla
 MLP end to end with the monitor on and off, gradient diagnostics and grad_spike's norm; writes
 only its own section of the report), `baseline` (not run by default; needs --baseline REV: dpt
 at another commit against this checkout on the loops workloads, alternated; writes only its own
-section of the report). benchmarks/README.md says more.
+section of the report), `gpt` (not run by default: dpt's experiment=gpt_tiny against a
+hand-written loop of the same model and data, single and ddp, and dpt's tokens/s and memory per
+rank under ddp and fsdp; writes only its own section of the report). benchmarks/README.md says
+more.
 
 Every comparison alternates its contenders run by run (A, B, A, B, ...) and reports medians and
 paired ratios: on a shared machine single absolute times say little. Runs go to a temporary
@@ -35,12 +38,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import baseline, gpu, loops, memory, monitor, pipeline, startup, sync
+from benchmarks import baseline, gpt, gpu, loops, memory, monitor, pipeline, startup, sync
 from benchmarks.report import document
 from benchmarks.runner import REPO, RunError, Say
 
-SECTIONS = ("loops", "startup", "pipeline", "sync", "gpu", "memory", "monitor", "baseline")
-DEFAULT_SECTIONS = SECTIONS[:-3]  # memory, monitor and baseline are measured on their own
+SECTIONS = (
+    "loops", "startup", "pipeline", "sync", "gpu", "memory", "monitor", "baseline", "gpt"
+)  # fmt: skip
+DEFAULT_SECTIONS = SECTIONS[:-4]  # memory, monitor, baseline and gpt are measured on their own
 # Each section: (its arguments, a temporary folder, a progress printer) -> its results, by key.
 RUNNERS: dict[str, Callable[[argparse.Namespace, Path, Say], dict[str, Any]]] = {
     "loops": loops.run,
@@ -51,6 +56,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Path, Say], dict[str, Any]]] = 
     "memory": memory.run,
     "monitor": monitor.run,
     "baseline": baseline.run,
+    "gpt": gpt.run,
 }
 # Where the classes in results saved with --save before the benchmarks were a package now live.
 _MOVED = {"bench_common": "benchmarks.runner", "bench_runs": "benchmarks.jobs"}

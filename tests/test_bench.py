@@ -315,6 +315,122 @@ def test_scripts_bench_is_the_package_entry() -> None:
     assert shim["main"] is bench.main
 
 
+# --- the gpt section ----------------------------------------------------------------------------
+
+
+def _gpt(ratios: tuple[Stat, ...]) -> dict[str, Any]:
+    """What `--sections gpt` measures (numbers made up): single, then ddp x2, one ratio each."""
+    from benchmarks.gpt import MemoryRun
+
+    work = jobs.Workload("gpt", 32, warmup_steps=50, steps=300, log_every=50)
+    rows = [{"model": "gpt", "strategy": s, "world": w, "batch": 32, "log_every": 50,
+             "plain": _stat(150.0 * w), "dpt": _stat(148.0 * w), "ratio": ratio,
+             "ratio_all_steps": ratio, "loss_gap": 1e-7, "tokens_per_step": 1024 * w,
+             "plain_tokens": _stat(4800.0 * w), "dpt_tokens": _stat(4736.0 * w)}
+            for (s, w), ratio in zip((("single", 1), ("ddp", 2)), ratios,
+                                     strict=False)]  # fmt: skip
+    rank = {"memory/params_mb": 3.2, "memory/grads_mb": 3.2, "memory/optimizer_mb": 6.4,
+            "peak_rss_mb": 600.0}  # fmt: skip
+    result = jobs.RunResult(0.0, 1.0, {}, {}, None)
+    memory = {2: {s: [MemoryRun(result, [rank, rank], 9000.0 - 3000 * (s == "fsdp"), 0.05)]
+                  for s in ("ddp", "fsdp")}}  # fmt: skip
+    model = {"experiment": "gpt_tiny", "text_bytes": 700_000, "tokens": 700_000,
+             "windows": 21_874, "vocab_size": 256, "block_size": 32, "n_layer": 4, "n_head": 4,
+             "n_embd": 128, "parameters": 830_000, "flops_per_token": 5.2e6,
+             "flags": ("--lr=0.003",)}  # fmt: skip
+    return {"gpt": {
+        "rows": rows, "memory": memory, "model": model, "work": work,
+        "memory_work": dataclasses.replace(work, steps=150), "quick": False, "smoke": False,
+        "rounds": 5, "worlds": [2], "threads": 1, "date": "today", "duration_s": 600.0,
+        "load": ((1.0, 1.0, 1.0), (2.0, 2.0, 2.0)), "cores": 2,
+    }}  # fmt: skip
+
+
+def test_gpt_alone_replaces_only_its_part(tmp_path: Path) -> None:
+    from benchmarks.report import document, gpt
+
+    path = document.write(tmp_path, _results(), META)
+    whole = path.read_text()
+    results = _gpt((Stat(0.995, 0.97, 1.02, 5), Stat(0.98, 0.96, 0.985, 5)))
+    document.write_marked(tmp_path, results)
+    text = path.read_text()
+    assert text.startswith(whole.rstrip("\n") + "\n\n<!-- bench_gpt -->\n## 12. A tiny GPT")
+    assert text.endswith("<!-- /bench_gpt -->\n")
+    assert "| single | 1 | 32 | 1,024 | 50 | 4,800 (4,320-5,280) | 4,736" in text
+    assert "| ddp | 2 | 3.20 | 3.20 | 6.40 | 12.80 | 600 | 9,000 | 0.0500 |" in text
+    assert "| 2 | 1.000 | 0.500 | 0.67 |" in text  # fsdp/ddp: state, 1/ranks, tokens/s
+    assert "`python -m benchmarks --sections gpt --rounds 5`" in text
+    verdicts = [verdict for _, _, verdict in gpt.targets(results)]
+    assert verdicts == ["met (not in every round)", "**not met**"]
+    # Measured again: its part replaced, the rest (and the other marked parts) as it was.
+    document.write_marked(tmp_path, _gpt((Stat(1.01, 1.0, 1.02, 5),)))
+    again = path.read_text()
+    assert again.startswith(whole.rstrip("\n")) and again.count("bench_gpt -->") == 2
+    assert "| ddp | 2 | 32 |" not in again
+    # A whole report that measured it with the others has its rows in the targets table.
+    both = document.write(tmp_path / "both", {**_results(), **results}, META).read_text()
+    assert "| dpt/plain per-step throughput, tiny GPT: ddp x2, log_every_n_steps=50 |" in both
+
+
+def test_plain_gpt_trains_on_dpts_batches_with_dpts_schedule(tmp_path: Path) -> None:
+    """The plain loop's windows, their order over ranks, and its learning rate are dpt's."""
+    import numpy as np
+
+    from benchmarks import plain_gpt
+    from dpt.data.loaders import epoch_order, rank_share
+    from dpt.data.text import TokenWindows
+    from dpt.loop.schedulers import WarmupCosine
+
+    path, count, block, batch = tmp_path / "tokens.bin", 1000, 8, 4
+    np.arange(count, dtype=np.uint16).tofile(path)
+    theirs, mine = TokenWindows(path, count, "uint16", block), None
+    for world in (1, 2):
+        for rank in range(world):
+            mine = plain_gpt.Windows(path, count, "uint16", block)
+            sampler = torch.utils.data.DistributedSampler(
+                range(len(mine)), num_replicas=world, rank=rank, shuffle=True, seed=3
+            )
+            sampler.set_epoch(1)
+            batches = plain_gpt.epoch_batches(mine, sampler, batch)
+            steps = len(theirs) // (batch * world)
+            order = rank_share(epoch_order(len(theirs), 3, 1), 0, steps, batch * world, rank, world)
+            assert batches[:steps] == [order[k : k + batch] for k in range(0, len(order), batch)]
+            inputs, targets = mine.batch(batches[0])
+            expected = theirs.__getitems__(batches[0])
+            assert torch.equal(inputs, expected.inputs) and torch.equal(targets, expected.labels)
+    dpts = WarmupCosine(50, 300, 0.1)
+    assert [plain_gpt.lr_factor(s, 50, 300, 0.1) for s in range(310)] == [
+        dpts(s) for s in range(310)
+    ]
+
+
+def test_gpt_jobs_run_the_experiment_and_its_plain_copy(tmp_path: Path) -> None:
+    """The plain loop's flags come from experiment=gpt_tiny's resolved config; dpt's runs get the
+    text, no validation, no checkpoints, and the token cache that already holds the tokens."""
+    from benchmarks import gpt
+
+    data, trainer, model = gpt.prepare(tmp_path, size=4000)
+    assert data.tokens.is_file() and data.tokens.parent == data.cache == tmp_path / "tokens"
+    assert data.count == len(data.text.read_bytes())  # byte tokens: one a byte
+    assert (trainer["batch_size"], trainer["log_every_n_steps"]) == (32, 50)
+    assert "--lr=0.003" in data.plain_flags and "--weight-decay=0.1" in data.plain_flags
+    assert "--clip=1.0" in data.plain_flags and "--warmup-steps=50" in data.plain_flags
+    assert model["parameters"] > 0 and model["n_layer"] == 4
+    work = jobs.Workload("gpt", 32, warmup_steps=2, steps=6, log_every=2)
+    dpt = gpt.GptJob("dpt", "ddp", 2, work, data=data).command(tmp_path / "run")
+    assert dpt[1] == str(REPO / "train.py")
+    for override in ("experiment=gpt_tiny", "dataset.val_fraction=0", "checkpoint.enabled=false",
+                     f"dataset.cache_dir={data.cache}", "launcher.nproc_per_node=2",
+                     "trainer.max_steps=6", "trainer.log_every_n_steps=2"):  # fmt: skip
+        assert override in dpt
+    rss = gpt.GptJob("dpt", "fsdp", 2, work, data=data, peak_rss=True)
+    assert rss.command(tmp_path / "run")[1].endswith("benchmarks/stamped_train.py")
+    assert rss.label == "dpt fsdp x2"
+    plain = gpt.GptJob("plain", "ddp", 2, work, data=data).command(tmp_path / "run")
+    assert plain[1].endswith("benchmarks/plain_gpt.py") and "--nproc=2" in plain
+    assert f"--tokens={data.tokens}" in plain and "--steps=6" in plain
+
+
 # --- end to end ---------------------------------------------------------------------------------
 
 

@@ -4,7 +4,7 @@ machine and the command, the targets, the method) around each section's chapters
 Each section's report is a module of this package with `chapters(results)` (Markdown, "" where the
 section was not measured), and `targets(results)` (its rows of the targets table) and
 `plot(out, results)` where it has them. Sections measured on their own (MARKED: `memory`,
-`monitor`, `baseline`, and `gpu`, which needs a machine with a GPU) stand between two markers,
+`monitor`, `baseline`, `gpu` (which needs a machine with a GPU), `gpt`) stand between two markers,
 `<!-- bench_NAME -->` and `<!-- /bench_NAME -->`: `--sections memory` replaces that part of an
 existing report alone, and a whole report keeps it unless it measured it anew (a `gpu` section
 that found no GPU keeps the numbers an earlier report measured on one).
@@ -25,6 +25,7 @@ import torchvision
 
 from benchmarks.report import (
     baseline,
+    gpt,
     gpu,
     loops,
     memory,
@@ -39,11 +40,13 @@ from benchmarks.report.common import Results, md_table
 REPORT = "performance.md"
 CHAPTERS: tuple[ModuleType, ...] = (loops, pipeline, sync, startup, overhead)  # in order
 # The targets table's rows come in this order (each section's rows in its own order).
-TARGETS: tuple[ModuleType, ...] = (loops, startup, overhead, pipeline, sync, monitor, baseline)
+TARGETS: tuple[ModuleType, ...] = (
+    loops, startup, overhead, pipeline, sync, monitor, baseline, gpt
+)  # fmt: skip
 PLOTS: tuple[ModuleType, ...] = (loops, pipeline, sync)
 # After the method, each between its markers, in this order.
 MARKED: dict[str, ModuleType] = {
-    "memory": memory, "monitor": monitor, "baseline": baseline, "gpu": gpu,
+    "memory": memory, "monitor": monitor, "baseline": baseline, "gpu": gpu, "gpt": gpt,
 }  # fmt: skip
 
 
