@@ -60,6 +60,13 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ann.write_text(ann.read_text()[:500])
     old = root / "step-00000002.pt"  # a file, as checkpoints were before DCP
     torch.save({}, old)
+    texts = root / "texts"  # for dataset=text: lines of sums, an empty text, one too short
+    texts.mkdir()
+    (texts / "sums.txt").write_text("".join(f"{a}+{b}={a + b}\n" for a in range(30)
+                                            for b in range(30)))  # fmt: skip
+    (texts / "empty.txt").write_text("")
+    (texts / "short.txt").write_text("1+1=2\n")
+    (texts / "broken.json").write_text('{"model": ')  # a tokenizers file cut off
     return {
         **_image_folders(root, coco),
         "coco": coco,
@@ -67,6 +74,11 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "empty_json_coco": empty_json,
         "truncated_coco": truncated,
         "old_checkpoint": old,
+        "text": texts / "sums.txt",
+        "empty_text": texts / "empty.txt",
+        "short_text": texts / "short.txt",
+        "broken_tokenizer": texts / "broken.json",
+        "text_cache": root / "tokens",
     }
 
 
@@ -84,6 +96,7 @@ def made_by_runs(inputs: dict[str, Path]) -> dict[str, Path]:
     train(run, *FAST, "trainer.max_steps=2")
     return {
         "broken_shards": broken_shards,
+        "mlp_run": run,  # a finished run of task=classification
         **_checkpoints(root, run / "checkpoints" / "step-00000002"),
     }
 
@@ -227,3 +240,32 @@ def test_documented_message(
         assert not run_dir.exists(), "a run folder was made for input rejected up front"
     else:
         assert not list(run_dir.glob("checkpoints/step-*")), "left a checkpoint for resume=auto"
+
+
+# --- the other commands: docs/errors.md's table of them -------------------------------------------
+
+
+def _command_rows() -> list[tuple[str, str, str]]:
+    """(case, command line, message) from the table under '## Other commands'."""
+    text = CATALOGUE.read_text().split("## Other commands", 1)[1].split("\n## ", 1)[0]
+    return [tuple(c.strip().strip("`").strip() for c in line.strip("|").split(" | "))[:3]
+            for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith(("| case", "| ---"))]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "command", "message"), _command_rows())
+def test_documented_message_of_another_command(
+    request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    case: str, command: str, message: str,
+) -> None:  # fmt: skip
+    """Each command's `main`, in this process: one line on stderr, exit 1."""
+    import importlib
+
+    paths = {**_paths(request, (command + message).replace("{tmp}", "")), "tmp": tmp_path}
+    program, *args = shlex.split(command.format(**paths))
+    module = {"dpt-generate": "generate", "dpt-tokenizer": "tokenizer", "dpt-shards": "shards"}
+    main = importlib.import_module(f"dpt.launch.{module[program]}").main
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.strip() == message.format(**paths)

@@ -98,9 +98,11 @@ def _validate_windows(dataset: DictConfig, model: DictConfig) -> None:
     """A text's windows must fit the model's longest sequence (dataset=text, model=gpt)."""
     if OmegaConf.get_type(dataset) is not TextConfig:
         return
-    found = OmegaConf.select(dataset, "block_size", throw_on_resolution_failure=False)
-    _check(found is not None, "dataset.block_size", "${model.block_size}",
-           "the model names no block_size: set dataset.block_size=N")  # fmt: skip
+    if OmegaConf.select(dataset, "block_size", throw_on_resolution_failure=False) is None:
+        raise ConfigError(
+            "dataset.block_size: it reads model.block_size, which this model does not have; "
+            "set dataset.block_size=N (tokens a sample trains on)"
+        )
     _check(dataset.block_size >= 1, "dataset.block_size", dataset.block_size, "must be >= 1")
     longest = model.get("block_size")
     _check(longest is None or dataset.block_size <= longest, "dataset.block_size",
