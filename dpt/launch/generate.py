@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpt import user_code
-from dpt.errors import DptError, one_line
+from dpt.errors import DptError
+from dpt.launch.command import run_command
 from dpt.state.results import RunData, read_run_data
 
 if TYPE_CHECKING:
@@ -200,13 +201,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """`dpt-generate`: errors as one line on stderr (exit 1), never a traceback."""
     args = parse_args(argv)
     user_code.add_start_folder()  # a run's own model imports as under `dpt`
-    try:
-        run(args)
-    except DptError as error:
-        print(f"Error: {one_line(error)}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_command(lambda: run(args))
 
 
 if __name__ == "__main__":

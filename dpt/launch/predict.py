@@ -52,7 +52,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpt import user_code
-from dpt.errors import DptError, one_line
+from dpt.errors import DptError
+from dpt.launch.command import run_command
 from dpt.launch.predict_inputs import input_files, is_tensor_file, read_inputs
 from dpt.launch.predict_rows import Prediction, Tally, count, csv_rows, format_line, layout, summary
 from dpt.launch.run_model import CLASSIFICATION, Predictor, no_transform_message, run_folder
@@ -232,22 +233,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """`dpt-predict`: errors as one line on stderr (exit 1), never a traceback."""
     args = parse_args(argv)
     user_code.add_start_folder()  # a run's own model or transform imports as under `dpt`
-    try:
-        run(args)
-    except DptError as error:
-        print(f"Error: {one_line(error)}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except BrokenPipeError:  # `dpt-predict ... | head`: the reader has what it wanted
-        _silence_stdout()
-        sys.exit(1)
-
-
-def _silence_stdout() -> None:
-    # Python flushes stdout at exit, which would raise again into the closed pipe.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    run_command(lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from dpt.data.shard_writer import Split, write_shards
-from dpt.errors import DptError, one_line
+from dpt.errors import DptError
+from dpt.launch.command import run_command
 from dpt.observe.logs import setup_logging
 
 # COCO's split folders and what dataset=shards reads each as.
@@ -88,10 +88,12 @@ def write_text(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """`dpt-shards`: errors as one line on stderr (exit 1), never a traceback."""
     args = parse_args(argv)
     setup_logging("dpt-shards")
     logging.getLogger("dpt").setLevel(logging.INFO)
-    try:
+
+    def body() -> None:
         if args.shard_size_mb <= 0:
             raise DptError(f"--shard-size-mb {args.shard_size_mb:g}: must be > 0")
         if args.text is not None:
@@ -99,9 +101,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             return
         splits, classes = splits_of(args)
         write_shards(Path(args.out), splits, classes, int(args.shard_size_mb * 2**20))
-    except (DptError, OSError) as error:
-        print(f"Error: {one_line(error)}", file=sys.stderr)
-        sys.exit(1)
+
+    run_command(body, also=(OSError,))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dpt.errors import DptError, one_line
+from dpt.errors import DptError
+from dpt.launch.command import run_command
 
 log = logging.getLogger("dpt")
 
@@ -65,13 +66,13 @@ def train(root: Path, vocab_size: int, out: Path) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     """`dpt-tokenizer`: errors as one line on stderr (exit 1), never a traceback."""
     args = parse_args(argv)
-    try:
+
+    def body() -> None:
         size = train(Path(args.text), args.vocab_size, Path(args.out))
-    except DptError as error:
-        print(f"Error: {one_line(error)}", file=sys.stderr)
-        sys.exit(1)
-    print(f"wrote {args.out}: a byte-level BPE of {size} tokens "
-          f"(dataset=text dataset.tokenizer={args.out})")  # fmt: skip
+        print(f"wrote {args.out}: a byte-level BPE of {size} tokens "
+              f"(dataset=text dataset.tokenizer={args.out})")  # fmt: skip
+
+    run_command(body)
 
 
 if __name__ == "__main__":
