@@ -99,7 +99,7 @@ def prepare(folder: Path, size: int = TEXT_BYTES) -> tuple[GptData, dict[str, An
     model, optimizer, scheduler, trainer = (c[k] for k in ("model", "optimizer", "scheduler",
                                                            "trainer"))  # fmt: skip
     expected = {"model": (model, "dpt.models.gpt.GPT"),
-                "optimizer": (optimizer, "torch.optim.AdamW"),
+                "optimizer": (optimizer, "dpt.loop.optimizers.adamw_gpt"),
                 "scheduler": (scheduler, "dpt.loop.schedulers.warmup_cosine")}  # fmt: skip
     for group, (node, target) in expected.items():  # what the plain loop writes by hand
         if node["_target_"] != target:

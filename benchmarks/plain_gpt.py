@@ -5,10 +5,11 @@ Written as a careful user writes one (nanoGPT's way), with nothing taken from dp
 loop: the token file read through a memory map, windows of `block_size + 1` tokens at
 non-overlapping offsets (window i starts at token i x block_size), the epoch's order drawn by a
 DistributedSampler (each rank every world-th window), a batch fetched in one indexing op,
-DistributedDataParallel with its defaults, AdamW, a linear warmup then a cosine (LambdaLR),
-gradient clipping, and the loss read back only every --log-every steps. Only the model is dpt's
-(`dpt.models.gpt.GPT`, the same class and initialisation), so that both loops do the same
-arithmetic on the same batches (the benchmark checks that their losses agree).
+DistributedDataParallel with its defaults, AdamW (no decay on biases and gains), a linear
+warmup then a cosine (LambdaLR), gradient clipping, and the loss read back only every
+--log-every steps. Only the model is dpt's (`dpt.models.gpt.GPT`, the same class and
+initialisation), so that both loops do the same arithmetic on the same batches (the benchmark
+checks that their losses agree).
 
     python benchmarks/plain_gpt.py --tokens FILE --count N --steps 200             # one process
     python benchmarks/plain_gpt.py --tokens FILE --count N --steps 200 --nproc 2   # DDP, 2 procs
@@ -133,9 +134,13 @@ def train(
     )  # fmt: skip
     if world_size > 1:
         model = DistributedDataParallel(model)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=args.lr, betas=tuple(args.betas), weight_decay=args.weight_decay
-    )
+    # As nanoGPT: decay on the matrices and embeddings, none on biases and LayerNorm gains.
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": args.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]  # fmt: skip
+    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=args.lr,
+                                  betas=tuple(args.betas))  # fmt: skip
     floor = args.min_lr / args.lr
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, args.warmup_steps, args.steps, floor)

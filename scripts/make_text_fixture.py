@@ -1,11 +1,13 @@
 #!/usr/bin/env python
 """Write a small text with a checkable rule, for language-model tests and smoke runs:
 
-    OUT/train.txt   lines `a+b=c` (a, b in 0..99, c = a + b), shuffled
+    OUT/train.txt   lines `a+b=c` (a, b in 0..99, c = a + b), shuffled: `07+35=042`
     OUT/val.txt     other such lines, none of them in train.txt
 
 `--val-lines` of the 10,000 sums are held out (drawn with `--seed`), the rest are the training
-text: a model that completes held-out prompts `a+b=` learned to add, not to recall.
+text: a model that completes held-out prompts `a+b=` learned to add, not to recall. The numbers
+have fixed widths: a model reads text from wherever a window starts, and `4+21=` unpadded would
+also be the end of `14+21=` or `54+21=` (a prompt without the line before it cannot tell).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import argparse
 import random
 from pathlib import Path
 
-ALL = [f"{a}+{b}={a + b}" for a in range(100) for b in range(100)]
+ALL = [f"{a:02d}+{b:02d}={a + b:03d}" for a in range(100) for b in range(100)]
 
 
 def make_text(out: Path, val_lines: int = 200, seed: int = 0) -> tuple[list[str], list[str]]:

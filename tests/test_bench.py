@@ -412,10 +412,10 @@ def test_gpt_jobs_run_the_experiment_and_its_plain_copy(tmp_path: Path) -> None:
     data, trainer, model = gpt.prepare(tmp_path, size=4000)
     assert data.tokens.is_file() and data.tokens.parent == data.cache == tmp_path / "tokens"
     assert data.count == len(data.text.read_bytes())  # byte tokens: one a byte
-    assert (trainer["batch_size"], trainer["log_every_n_steps"]) == (32, 50)
+    assert (trainer["batch_size"], trainer["log_every_n_steps"]) == (8, 200)
     assert "--lr=0.003" in data.plain_flags and "--weight-decay=0.1" in data.plain_flags
     assert "--clip=1.0" in data.plain_flags and "--warmup-steps=50" in data.plain_flags
-    assert model["parameters"] > 0 and model["n_layer"] == 4
+    assert model["parameters"] > 0 and model["n_layer"] == 3
     work = jobs.Workload("gpt", 32, warmup_steps=2, steps=6, log_every=2)
     dpt = gpt.GptJob("dpt", "ddp", 2, work, data=data).command(tmp_path / "run")
     assert dpt[1] == str(REPO / "train.py")

@@ -10,14 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from dpt.data.text import TextData, TokenWindows, text_files
 from dpt.data.tokenizer import ByteTokenizer, load_tokenizer
 from dpt.errors import ConfigError, DptError
+from dpt.models import build_model
 from dpt.models.blocks import blocks
 from dpt.models.gpt import GPT
 from dpt.observe.flops import Throughput, peak_tflops
+from dpt.observe.metrics import throughput_text
 from dpt.targets import Targets
 from dpt.tasks import fit
 from tests.helpers import compose
@@ -76,6 +79,34 @@ def test_mfu_is_the_flops_over_the_devices_peak() -> None:
     assert peak_tflops("NVIDIA A100-SXM4-40GB", "32", None) == 156.0
     assert peak_tflops("NVIDIA GeForce RTX 4090", "bf16-mixed", None) is None
     assert peak_tflops("NVIDIA GeForce RTX 4090", "bf16-mixed", 165.0) == 165.0
+
+
+def test_the_console_line_shows_tokens_and_mfu_to_a_slivers_digits() -> None:
+    line = throughput_text({"train/tokens_per_s": 51_200.0, "perf/mfu": 0.385})
+    assert line == " | 51,200 tokens/s | MFU 38.5%"
+    # The tiny GPT on an H200: 30,000 tokens/s of 0.5 MFLOP each, 0.0015 % of its peak.
+    assert throughput_text({"perf/mfu": 1.5e-5}) == " | MFU 0.0015%"
+    assert throughput_text({"perf/tflops": 0.05213}) == " | 0.0521 TFLOP/s"
+
+
+@pytest.mark.timeout(240)
+def test_recomputed_blocks_compile_to_the_same_gradients() -> None:
+    """model.activation_checkpointing with trainer.compile (experiment=gpt2_small): torch.compile
+    refuses the contexts that keep BatchNorm's statistics in eager recomputation, so a compiled
+    model's blocks are wrapped without them (the wrapper with them fails here, as it did on an H200)."""
+    torch.manual_seed(0)
+    shape = {"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 8, "dropout": 0.0}
+    node = OmegaConf.create(
+        {"_target_": "dpt.models.gpt.GPT", "bias": True, "activation_checkpointing": True} | shape
+    )
+    recomputed = build_model(node, (8,), 40, compiled=True)
+    plain = _gpt()
+    plain.load_state_dict(recomputed.state_dict())
+    ids = torch.randint(0, 40, (4, 8))
+    for model in (torch.compile(recomputed), plain):
+        model(ids).logsumexp(-1).sum().backward()
+    for a, b in zip(recomputed.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5)
 
 
 # --- text, tokens, windows ------------------------------------------------------------------------

@@ -114,7 +114,7 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
     worker_init = functools.partial(_init_loader_worker, env.rank, log_file)
     loaders = build_loaders(data, env, t.batch_size, t.seed, worker_init, shuffle, task.targets)
     torch.manual_seed(t.seed)  # identical initial weights on every rank, every strategy
-    model = build_model(groups.model, data.input_shape, task.num_outputs)
+    model = build_model(groups.model, data.input_shape, task.num_outputs, compiled=t.compile)
     task.check(output_shape(model, data.input_shape, input_dtype(data)))  # before any step
     throughput = token_throughput(task, model, t, env)
     model = strategy.wrap(model.to(env.device), env, t.precision)

@@ -20,10 +20,12 @@ from dpt.user_code import locate
 RECOMPUTE_KEY = "activation_checkpointing"
 
 
-def build_model(cfg: DictConfig, input_shape: tuple[int, ...], num_outputs: int) -> nn.Module:
+def build_model(
+    cfg: DictConfig, input_shape: tuple[int, ...], num_outputs: int, compiled: bool = False
+) -> nn.Module:
     """The model as dpt.contract says: the config's keys, and those of `num_classes`,
     `num_outputs` (both: the outputs per sample the task needs) and `input_shape` that the
-    target's signature names."""
+    target's signature names. `compiled`: it will run under torch.compile."""
     recompute = bool(cfg.get(RECOMPUTE_KEY, False))
     target = OmegaConf.create(
         {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != RECOMPUTE_KEY}
@@ -38,7 +40,7 @@ def build_model(cfg: DictConfig, input_shape: tuple[int, ...], num_outputs: int)
     if recompute:
         from dpt.models.blocks import recompute_in_backward
 
-        recompute_in_backward(model)
+        recompute_in_backward(model, compiled)
     return model
 
 

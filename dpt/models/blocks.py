@@ -75,10 +75,12 @@ def _is_resnet(model: nn.Module) -> bool:
     return resnet is not None and isinstance(model, resnet.ResNet)
 
 
-def recompute_in_backward(model: nn.Module) -> None:
+def recompute_in_backward(model: nn.Module, compiled: bool = False) -> None:
     """Wrap each block in place: its activations are dropped after forward and recomputed in
     backward (`torch.utils.checkpoint` without reentrance). State-dict keys stay the same: the
-    wrapper's hooks remove its own prefix, so checkpoints load with and without it."""
+    wrapper's hooks remove its own prefix, so checkpoints load with and without it. `compiled`:
+    the model will run under torch.compile, whose recomputation replays no buffer updates and
+    which refuses the contexts that keep them in eager mode."""
     targets = set(blocks(model))
     if not targets:
         raise DptError(
@@ -90,22 +92,20 @@ def recompute_in_backward(model: nn.Module) -> None:
         apply_activation_checkpointing,
     )
 
-    apply_activation_checkpointing(
-        model, checkpoint_wrapper_fn=_recomputed, check_fn=targets.__contains__
-    )
+    wrap = functools.partial(_recomputed, keep_buffers=not compiled)
+    apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrap, check_fn=targets.__contains__)
 
 
-def _recomputed(block: nn.Module) -> nn.Module:
+def _recomputed(block: nn.Module, keep_buffers: bool) -> nn.Module:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         checkpoint_wrapper,
     )
 
-    return checkpoint_wrapper(
-        block,
-        checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-        context_fn=functools.partial(_contexts, block),
-    )
+    # Only eager blocks with buffers (BatchNorm's statistics) need the contexts.
+    keep = keep_buffers and next(block.buffers(), None) is not None
+    contexts = {"context_fn": functools.partial(_contexts, block)} if keep else {}
+    return checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **contexts)
 
 
 def _contexts(block: nn.Module) -> tuple[Any, Any]:

@@ -105,10 +105,15 @@ def throughput_text(scalars: dict[str, float]) -> str:
     if "train/tokens_per_s" in scalars:
         text += f" | {scalars['train/tokens_per_s']:,.0f} tokens/s"
     if "perf/mfu" in scalars:
-        text += f" | MFU {scalars['perf/mfu']:.1%}"
+        text += f" | MFU {_percent(scalars['perf/mfu'])}"
     elif "perf/tflops" in scalars:
         text += f" | {scalars['perf/tflops']:.3g} TFLOP/s"
     return text
+
+
+def _percent(share: float) -> str:
+    """`38.5%`; a small model on a large GPU uses a sliver of it: `0.0015%`, not `0.0%`."""
+    return f"{share:.1%}" if share >= 0.01 else f"{share * 100:.2g}%"
 
 
 class MetricsLogger:
