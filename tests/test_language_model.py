@@ -93,7 +93,7 @@ def test_the_console_line_shows_tokens_and_mfu_to_a_slivers_digits() -> None:
 def test_recomputed_blocks_compile_to_the_same_gradients() -> None:
     """model.activation_checkpointing with trainer.compile (experiment=gpt2_small): torch.compile
     refuses the contexts that keep BatchNorm's statistics in eager recomputation, so a compiled
-    model's blocks are wrapped without them (the wrapper with them fails here, as it did on an H200)."""
+    model's blocks are wrapped without them (the old wrapper fails here, as it did on an H200)."""
     torch.manual_seed(0)
     shape = {"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 8, "dropout": 0.0}
     node = OmegaConf.create(
