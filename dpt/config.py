@@ -540,14 +540,10 @@ class AdamWConfig:
 
 
 @dataclass
-class AdamWGPTConfig:
+class AdamWGPTConfig(AdamWConfig):
     """AdamW with weight decay on matrices only (dpt/loop/optimizers.py)."""
 
     _target_: str = "dpt.loop.optimizers.adamw_gpt"
-    _partial_: bool = True
-    lr: float = MISSING
-    weight_decay: float = MISSING
-    betas: list[float] = MISSING
 
 
 @dataclass
