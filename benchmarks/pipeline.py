@@ -117,7 +117,7 @@ def write_shards(root: Path, out: Path, console: Path) -> Path:
     set does. A subprocess: dpt-shards sets up the `dpt` logger of the process it runs in."""
     total = sum(path.stat().st_size for path in files_of(root))
     shard_mb = total / 4 / 2**20  # dpt-shards' MB are MiB
-    cmd = [sys.executable, "-m", "dpt.launch.shards", "--coco", str(root), "--out", str(out),
+    cmd = [sys.executable, "-m", "dpt.commands.shards", "--coco", str(root), "--out", str(out),
            "--shard-size-mb", f"{shard_mb:.6f}"]  # fmt: skip
     run_process(cmd, console, dict(os.environ), timeout_s=300, what="dpt-shards")
     return out

@@ -373,7 +373,7 @@ def dpt_logger_kept() -> Iterator[None]:
 
 def write_shards(*args: str) -> None:
     """`dpt-shards ARGS` in process, the `dpt` logger left as it was."""
-    from dpt.launch.shards import main
+    from dpt.commands.shards import main
 
     with dpt_logger_kept():
         main(list(args))

@@ -170,7 +170,7 @@ def test_windows_pickle_for_loader_workers(corpus: Path, tmp_path: Path) -> None
 def test_a_bpe_trained_by_dpt_tokenizer_round_trips_and_names_its_file(
     corpus: Path, tmp_path: Path
 ) -> None:
-    from dpt.launch.tokenizer import main
+    from dpt.commands.tokenizer import main
 
     out = tmp_path / "tok.json"
     main(["--text", str(corpus), "--vocab-size", "300", "--out", str(out)])

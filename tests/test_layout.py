@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.helpers import REPO
 
 PACKAGE = REPO / "dpt"
-PARTS = ("launch", "loop", "monitor", "state", "tasks", "data", "models", "observe")
+PARTS = ("commands", "launch", "loop", "monitor", "state", "tasks", "data", "models", "observe")
 
 
 def _modules() -> dict[str, Path]:

@@ -17,8 +17,8 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
+from dpt.commands.predict import Predictor, main
 from dpt.data.images import read_image_rgb, val_transform
-from dpt.launch.predict import Predictor, main
 from dpt.models import build_model
 from dpt.state.results import BEST_MODEL, LAST_MODEL, RunData, write_run_data
 from tests.helpers import REPO, TRAIN, assert_no_leftovers, compose, run_cmd, start
@@ -81,7 +81,7 @@ def on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compare with the CPU model's outputs on the CPU: CUDA convolutions use TF32 by default,
     which moves probabilities by about 1e-3 (see test_cuda_gives_about_the_same_outputs)."""
     monkeypatch.setattr(
-        "dpt.launch.run_model.pick_device", lambda name=None: torch.device(name or "cpu")
+        "dpt.commands.run_model.pick_device", lambda name=None: torch.device(name or "cpu")
     )
 
 

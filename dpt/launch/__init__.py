@@ -1,4 +1,4 @@
-"""Launch: the commands a user types (`dpt`, `python train.py`, `dpt-predict`), Hydra's run and
+"""Launch: the command that trains (`dpt`, `python train.py`), Hydra's run and
 its callbacks, the config checks made before anything starts, and how ranks start (in this
 process, an elastic local world from a fork server, torchrun, SLURM) and run (`worker`).
 

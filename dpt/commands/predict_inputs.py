@@ -2,7 +2,7 @@
 
 Image files, and folders searched recursively for them (as dataset=image_folder reads them);
 tensor files (`.pt`, `.npy`, `.csv`) hold the model's inputs themselves, one sample per row.
-The module docstring of dpt/launch/predict.py says what each holds and how a row is named.
+The module docstring of dpt/commands/predict.py says what each holds and how a row is named.
 
 torch and numpy are imported inside the readers: `dpt-predict --help` answers before either
 loads.
@@ -167,6 +167,6 @@ def _shape_text(shape: Sequence[Any]) -> str:
 
 def first_line(error: BaseException) -> str:
     """An error's first line (its type where it says nothing): torch's and numpy's messages
-    run on for lines. dpt.launch.run_model reports the weights' errors with it too."""
+    run on for lines. dpt.commands.run_model reports the weights' errors with it too."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__

@@ -9,9 +9,9 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from dpt.commands.command import run_command
 from dpt.data.shard_writer import Split, write_shards
 from dpt.errors import DptError
-from dpt.launch.command import run_command
 from dpt.observe.logs import setup_logging
 
 # COCO's split folders and what dataset=shards reads each as.

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from dpt.commands.command import run_command
 from dpt.errors import DptError
-from dpt.launch.command import run_command
 
 log = logging.getLogger("dpt")
 

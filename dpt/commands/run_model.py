@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpt.commands.predict_inputs import first_line
 from dpt.errors import DptError, one_line
-from dpt.launch.predict_inputs import first_line
 from dpt.state.results import BEST_MODEL, DATA_FILE, LAST_MODEL, RunData, read_run_data
 
 if TYPE_CHECKING:

@@ -52,17 +52,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpt import user_code
+from dpt.commands.command import run_command
+from dpt.commands.predict_inputs import input_files, is_tensor_file, read_inputs
+from dpt.commands.predict_rows import (
+    Prediction,
+    Tally,
+    count,
+    csv_rows,
+    format_line,
+    layout,
+    summary,
+)
+from dpt.commands.run_model import CLASSIFICATION, Predictor, no_transform_message, run_folder
 from dpt.errors import DptError
-from dpt.launch.command import run_command
-from dpt.launch.predict_inputs import input_files, is_tensor_file, read_inputs
-from dpt.launch.predict_rows import Prediction, Tally, count, csv_rows, format_line, layout, summary
-from dpt.launch.run_model import CLASSIFICATION, Predictor, no_transform_message, run_folder
 from dpt.state.results import read_run_data
 
 if TYPE_CHECKING:
     import torch
 
-# The command's API is `main` and `Predictor` (dpt.launch.run_model's, imported from here).
+# The command's API is `main` and `Predictor` (dpt.commands.run_model's, imported from here).
 
 BATCH_SIZE = 64
 

@@ -3,7 +3,7 @@
 `layout(predictor)` gives the task's `Layout`: the cells of a printed line after the path, and
 the CSV's columns with a row's cells; `format_line` prints a line, `csv_rows` writes the CSV,
 `Tally` and `summary` make the last line (the accuracy, the unreadable images skipped). The
-module docstring of dpt/launch/predict.py says what each task prints and writes.
+module docstring of dpt/commands/predict.py says what each task prints and writes.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dpt.commands.run_model import BINARY, CLASSIFICATION, MULTILABEL
 from dpt.errors import DptError, could_not_write
-from dpt.launch.run_model import BINARY, CLASSIFICATION, MULTILABEL
 
 if TYPE_CHECKING:
     import torch
 
-    from dpt.launch.run_model import Predictor
+    from dpt.commands.run_model import Predictor
 
 # The name every data set gives a lone output it does not name.
 UNNAMED = "0"
@@ -72,7 +72,7 @@ class Layout:
 
 
 def layout(predictor: Predictor, top_k: int = 3) -> Layout:
-    """The layout of the run's task (dpt/launch/predict.py's module docstring says each)."""
+    """The layout of the run's task (dpt/commands/predict.py's module docstring says each)."""
     names, kind = predictor.classes, predictor.kind
     threshold = float(getattr(predictor.task, "threshold", 0.5))
     if kind == CLASSIFICATION:

@@ -2,7 +2,7 @@
 
 `dpt-generate RUN_DIR --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
 [--seed S] [--stop TEXT] [--prompts FILE] [--last]` rebuilds the run's model (as dpt-predict
-does: dpt/launch/run_model.py), loads `model_best.pt` (or `model.pt`), encodes the prompt with
+does: dpt/commands/run_model.py), loads `model_best.pt` (or `model.pt`), encodes the prompt with
 the run's tokenizer (data.json; a tokenizers file is kept in the run folder) and samples one token
 at a time: the last position's logits divided by the temperature, the `top-k` most likely kept,
 drawn from a generator seeded with `--seed` (temperature 0: the most likely token, no draw). The
@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpt import user_code
+from dpt.commands.command import run_command
 from dpt.errors import DptError
-from dpt.launch.command import run_command
 from dpt.state.results import RunData, read_run_data
 
 if TYPE_CHECKING:
     import torch
 
+    from dpt.commands.run_model import Predictor
     from dpt.data.tokenizer import Tokenizer
-    from dpt.launch.run_model import Predictor
 
 LANGUAGE_MODEL = "language_model"
 REPLACEMENT = "\ufffd"  # what a cut multi-byte character decodes to, until its last byte comes
@@ -78,7 +78,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def language_model_run(run_dir: Path) -> RunData:
     """The run's data.json, refused in one line where the run is not a language model's."""
-    from dpt.launch.run_model import run_folder
+    from dpt.commands.run_model import run_folder
 
     data = read_run_data(run_folder(run_dir))
     if data.task != LANGUAGE_MODEL or data.tokenizer is None:
@@ -166,7 +166,7 @@ def complete(
 
 
 def run(args: argparse.Namespace) -> None:
-    from dpt.launch.run_model import Predictor
+    from dpt.commands.run_model import Predictor
 
     _check(args)
     run_dir = Path(args.run_dir)
