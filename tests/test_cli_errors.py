@@ -33,13 +33,13 @@ CASES = [
         "trainer.bogus=1",
         "Error: trainer.bogus: unknown key; allowed keys: epochs, max_steps, "
         "batch_size, seed, log_every_n_steps, device, timeout_s, precision, grad_accum_steps, "
-        "grad_clip_norm, compile, on_nonfinite, early_stopping",
+        "grad_clip_norm, compile, peak_tflops, on_nonfinite, early_stopping",
     ),
     (
         "+trainer.bogus=1",
         "Error: trainer.bogus: unknown key; allowed keys: epochs, max_steps, "
         "batch_size, seed, log_every_n_steps, device, timeout_s, precision, grad_accum_steps, "
-        "grad_clip_norm, compile, on_nonfinite, early_stopping",
+        "grad_clip_norm, compile, peak_tflops, on_nonfinite, early_stopping",
     ),
     (
         "strategy=foo",
@@ -47,7 +47,8 @@ CASES = [
     ),
     (
         "optimizer=lbfgs",
-        "Error: no config 'optimizer/lbfgs'; available options in 'optimizer': adam, adamw, sgd",
+        "Error: no config 'optimizer/lbfgs'; available options in 'optimizer': "
+        "adam, adamw, adamw_gpt, sgd",
     ),
     ("model.hidden_dims=[64,0]", "Error: model.hidden_dims=[64, 0]: every width must be >= 1"),
     ("dataset.num_classes=1", "Error: dataset.num_classes=1: must be >= 2"),

@@ -264,7 +264,7 @@ def test_documented_message_of_another_command(
     paths = {**_paths(request, (command + message).replace("{tmp}", "")), "tmp": tmp_path}
     program, *args = shlex.split(command.format(**paths))
     module = {"dpt-generate": "generate", "dpt-tokenizer": "tokenizer", "dpt-shards": "shards"}
-    main = importlib.import_module(f"dpt.launch.{module[program]}").main
+    main = importlib.import_module(f"dpt.commands.{module[program]}").main
     with pytest.raises(SystemExit) as exited:
         main(args)
     assert exited.value.code == 1

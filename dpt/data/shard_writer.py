@@ -97,17 +97,20 @@ def _images(split: str, samples: Iterable[tuple[str, int]]) -> Iterator[Sample]:
 def _write_samples(
     out: Path, split: str, samples: Iterable[Sample], shard_bytes: int
 ) -> list[ShardInfo]:
-    """The samples in order, cut into shards of about `shard_bytes`."""
+    """The samples in order, cut into shards of about `shard_bytes`: a shard ends before the
+    sample whose first member (the image, the tokens) would take it past the bound; what it
+    holds counts that member and a tar header per member (image shards are cut where they
+    always were)."""
     shards: list[ShardInfo] = []
     batch: list[Sample] = []
     size = 0
     for sample in samples:
-        length = sum(len(data) + tarfile.BLOCKSIZE for _, data in sample[1])
-        if batch and size + length > shard_bytes:
+        payload = len(sample[1][0][1])
+        if batch and size + payload > shard_bytes:
             shards.append(_write_shard(out, split, len(shards), batch))
             batch, size = [], 0
         batch.append(sample)
-        size += length
+        size += payload + len(sample[1]) * tarfile.BLOCKSIZE
     if batch:
         shards.append(_write_shard(out, split, len(shards), batch))
     return shards
