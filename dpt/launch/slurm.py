@@ -14,9 +14,11 @@ import random
 
 from dpt.errors import DptError
 
-# submitit's range; a port derived from the job id is the same on every task of a job (no
-# messages needed to agree on it) and differs between the jobs of a sweep.
-PORT_RANGE = (20000, 60000)
+# A port derived from the job id is the same on every task of a job (no messages needed to
+# agree on it) and differs between the jobs of a sweep. Below Linux's ephemeral ports (32768 and
+# up by default), which the node's outgoing connections take: submitit's 20000-60000 let a job's
+# store find its port taken by one of them (EADDRINUSE, seen in a sweep of two jobs on one node).
+PORT_RANGE = (20000, 32767)
 
 
 def in_slurm_job() -> bool:
