@@ -165,8 +165,12 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         summary = _summary(result, env, parts.global_batch, hparams)
         summary["task"] = parts.task.kind
         summary["val_metrics"] = val_metrics  # the sweep's columns
-        if parts.throughput is not None:  # the world's tokens/s and MFU over the whole run
-            summary |= parts.throughput.summary(summary["samples_per_s"], env.world_size)
+        tokens = (  # the world's tokens/s and MFU over the whole run, as TensorBoard tags
+            {}
+            if parts.throughput is None
+            else parts.throughput.scalars(summary["samples_per_s"], env.world_size)
+        )
+        summary |= {tag.split("/")[1]: value for tag, value in tokens.items()}  # metrics.json
         summary["best"] = parts.best_model.summary()
         summary["objective"] = _objective(cfg, parts).record(summary)
         if summary["objective"]["value"] is not None:  # HPARAMS lists it for every run
@@ -175,8 +179,8 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         if env.is_main:
             log.info(
                 f"done: {result.steps} steps in {result.wall_time_s:.1f} s | "
-                f"{summary['samples_per_s']:,.0f} samples/s (world){_tokens(summary)} | final "
-                f"loss {_fmt(result.final_loss)} | run folder {run_dir}"
+                f"{summary['samples_per_s']:,.0f} samples/s (world){throughput_text(tokens)} | "
+                f"final loss {_fmt(result.final_loss)} | run folder {run_dir}"
             )
             _write_outputs(run_dir, weights, summary)
         ended = True
@@ -316,12 +320,6 @@ def _flatten(node: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
             out[name] = value
         elif value is not None:
             out[name] = str(value)
-
-
-def _tokens(summary: dict[str, Any]) -> str:
-    """` | 51,200 tokens/s | MFU 38.5%`, for a run of tokens ("" for others)."""
-    named = {"train/tokens_per_s": "tokens_per_s", "perf/mfu": "mfu", "perf/tflops": "tflops"}
-    return throughput_text({tag: summary[key] for tag, key in named.items() if key in summary})
 
 
 def _fmt(value: float | None) -> str:

@@ -49,8 +49,3 @@ class Throughput:
             else:
                 found["perf/tflops"] = flops / 1e12
         return found
-
-    def summary(self, samples_per_s: float, devices: int) -> dict[str, float]:
-        """For metrics.json: the world's `tokens_per_s`, and `mfu` or `tflops`."""
-        return {key.split("/")[1]: value
-                for key, value in self.scalars(samples_per_s, devices).items()}  # fmt: skip
