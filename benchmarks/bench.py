@@ -18,8 +18,10 @@ only its own section of the report), `baseline` (not run by default; needs --bas
 at another commit against this checkout on the loops workloads, alternated; writes only its own
 section of the report), `gpt` (not run by default: dpt's experiment=gpt_tiny against a
 hand-written loop of the same model and data, single and ddp, and dpt's tokens/s and memory per
-rank under ddp and fsdp; writes only its own section of the report). benchmarks/README.md says
-more.
+rank under ddp and fsdp; writes only its own section of the report), `pipeline_parallel` (not
+run by default: a GPT on 2 pipeline stages under gpipe and 1f1b with 1, 2, 4 micro-batches, per
+step time, each stage's measured bubble against (p-1)/(m+p-1), the state per stage against one
+process; writes only its own section). benchmarks/README.md says more.
 
 Every comparison alternates its contenders run by run (A, B, A, B, ...) and reports medians and
 paired ratios: on a shared machine single absolute times say little. Runs go to a temporary
@@ -38,14 +40,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import baseline, gpt, gpu, loops, memory, monitor, pipeline, startup, sync
+from benchmarks import (
+    baseline,
+    gpt,
+    gpu,
+    loops,
+    memory,
+    monitor,
+    pipeline,
+    pipeline_parallel,
+    startup,
+    sync,
+)
 from benchmarks.report import document
 from benchmarks.runner import REPO, RunError, Say
 
 SECTIONS = (
-    "loops", "startup", "pipeline", "sync", "gpu", "memory", "monitor", "baseline", "gpt"
+    "loops", "startup", "pipeline", "sync", "gpu", "memory", "monitor", "baseline", "gpt",
+    "pipeline_parallel",
 )  # fmt: skip
-DEFAULT_SECTIONS = SECTIONS[:-4]  # memory, monitor, baseline and gpt are measured on their own
+DEFAULT_SECTIONS = SECTIONS[:5]  # memory, monitor, baseline, gpt, pipeline_parallel: on their own
 # Each section: (its arguments, a temporary folder, a progress printer) -> its results, by key.
 RUNNERS: dict[str, Callable[[argparse.Namespace, Path, Say], dict[str, Any]]] = {
     "loops": loops.run,
@@ -57,6 +71,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Path, Say], dict[str, Any]]] = 
     "monitor": monitor.run,
     "baseline": baseline.run,
     "gpt": gpt.run,
+    "pipeline_parallel": pipeline_parallel.run,
 }
 # Where the classes in results saved with --save before the benchmarks were a package now live.
 _MOVED = {"bench_common": "benchmarks.runner", "bench_runs": "benchmarks.jobs"}

@@ -491,6 +491,20 @@ class FSDPConfig:
 
 
 @dataclass
+class PipelineConfig:
+    _target_: str = "dpt.loop.pipeline.Pipeline"
+    distributed: ClassVar[bool] = True
+    stages: int = MISSING  # ranks one copy of the model is cut over
+    schedule: str = MISSING  # gpipe | 1f1b | interleaved_1f1b
+    microbatches: int = MISSING  # per step and replica; divides trainer.batch_size
+    stages_per_rank: int = MISSING  # interleaved_1f1b: stages each rank holds (virtual stages)
+    split_points: list[str] | None = MISSING  # names of the blocks where stages begin
+    data_parallel: str = (
+        MISSING  # none | ddp | fsdp: how copies of the pipeline (world > stages) train
+    )
+
+
+@dataclass
 class LocalLauncherConfig:
     _target_: str = "dpt.launch.launchers.LocalLauncher"
     # A string so that both `auto` and a number fit; `validate` checks it.
@@ -623,6 +637,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "dp": DPConfig,
         "ddp": DDPConfig,
         "fsdp": FSDPConfig,
+        "pipeline": PipelineConfig,
     },
     "launcher": {
         "local": LocalLauncherConfig,

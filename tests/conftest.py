@@ -36,3 +36,25 @@ def _dpt_logger_put_back() -> Iterator[None]:
     after each test (tests.helpers.dpt_logger_kept)."""
     with dpt_logger_kept():
         yield
+
+
+# The files that take longest (measured with --durations), started first: the two workers take
+# files in collection order, one whole file at a time (--dist loadfile), so a long file left for
+# last keeps one worker busy while the other has nothing left to do.
+LONGEST_FIRST = (
+    "test_language_model_learns.py",  # one 6,000-step run: about 2 minutes
+    "test_readme.py",
+    "test_slurm.py",
+    "test_soak.py",
+    "test_faults.py",
+    "test_monitor_runs.py",
+    "test_pipeline_runs.py",
+    "test_task_readme.py",
+    "test_search_runs.py",
+    "test_shards_runs.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest in order

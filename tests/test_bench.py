@@ -458,3 +458,46 @@ def test_smoke_benchmark_writes_its_report(tmp_path: Path) -> None:
     for name in ("perf_throughput.png", "perf_pipeline.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG
         assert f"]({name})" in report
+
+
+# --- the pipeline_parallel section ---------------------------------------------------------------
+
+
+def _pipeline_parallel() -> dict[str, Any]:
+    """What `--sections pipeline_parallel` measures (numbers made up): 2 rounds each."""
+
+    def run(step_s: float, bubbles: tuple[float, float]) -> dict[str, Any]:
+        return {
+            "step_s": step_s,
+            "ranks": [{"pipeline/bubble": b, "state_mb": 28.0 - i} for i, b in enumerate(bubbles)],
+        }
+
+    runs = {
+        "single": [{"step_s": 0.4, "ranks": [{"state_mb": 55.0}]}] * 2,
+        "gpipe m=1": [run(0.40, (0.50, 0.25)), run(0.42, (0.52, 0.27))],
+        "gpipe m=4": [run(0.28, (0.18, 0.12)), run(0.30, (0.19, 0.13))],
+    }
+    return {"pipeline_parallel": {
+        "runs": runs, "steps": 8, "stages": 2, "batch": 16,
+        "shape": {"n_layer": 6, "n_embd": 256, "n_head": 4, "block_size": 64},
+        "quick": False, "smoke": False, "rounds": 2, "date": "today", "duration_s": 120.0,
+        "load": ((1.0, 1.0, 1.0), (2.0, 2.0, 2.0)), "cores": 2,
+    }}  # fmt: skip
+
+
+def test_pipeline_parallel_alone_replaces_only_its_part(tmp_path: Path) -> None:
+    from benchmarks.report import document
+
+    path = document.write(tmp_path, _results(), META)
+    whole = path.read_text()
+    document.write_marked(tmp_path, _pipeline_parallel())
+    text = path.read_text()
+    assert text.startswith(whole.rstrip("\n") + "\n\n<!-- bench_pipeline_parallel -->\n## 13.")
+    # ms per step, its paired ratio to one process, each stage's bubble, the formula's
+    assert "| gpipe | 1 | 410.0 (400.0-420.0) | 1.02 (1.00-1.05) | 0.51 (0.50-0.52) |" in text
+    assert "| gpipe | 4 | 290.0 (280.0-300.0) | 0.72 (0.70-0.75) | 0.18 (0.18-0.19) | " \
+        "0.12 (0.12-0.13) | 0.20 |" in text  # fmt: skip
+    assert "| stage 1 | 28.0 | 0.51 |" in text and "| one process | 55.0 | 1.00 |" in text
+    assert "1.02 with m=1, 0.72 with m=4" in text
+    # the first stage's bubble with one micro-batch (0.51) is above the formula's 0.50
+    assert "exceeds the formula's for gpipe m=1:" in text

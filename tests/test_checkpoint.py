@@ -266,3 +266,36 @@ def test_a_checkpoint_missing_a_part_is_named(tmp_path: Path) -> None:
     parts = {**_parts(), "early_stopping": PlainState(Progress())}
     with pytest.raises(CheckpointError, match=r"lacks early_stopping: not written by this dpt"):
         _checkpoints(tmp_path).resume(str(path), parts)
+
+
+def test_optimizer_state_written_before_it_was_flattened_still_loads(tmp_path: Path) -> None:
+    """Checkpoints written before dpt stored the optimizer's settings per parameter (one
+    `param_groups` list, DCP's default) load as they were written; saves are flattened."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from dpt.state.checkpoint import MARKER, load
+    from dpt.state.stateful import OptimizerState
+
+    def trained() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        model(torch.randn(5, 3)).sum().backward()
+        optimizer.step()
+        return model, optimizer
+
+    model, optimizer = trained()
+    old = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the layout before
+    path = tmp_path / "step-00000001"
+    dcp.save(old, checkpoint_id=path, no_dist=True)
+    (path / MARKER).write_text(json.dumps({"step": 1}))
+    fresh = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    fresh.load_state_dict(model.state_dict())
+    loaded = torch.optim.Adam(fresh.parameters(), lr=0.5)
+    part = OptimizerState(fresh, loaded)
+    assert load(path, {"optimizer": part}) == 1
+    for (_, a), (_, b) in zip(optimizer.state.items(), loaded.state.items(), strict=True):
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["step"], b["step"])
+    assert loaded.param_groups[0]["lr"] == 0.01
+    assert part.flat and "param_groups.0.weight.lr" in part.state_dict()  # saved flattened

@@ -43,7 +43,8 @@ CASES = [
     ),
     (
         "strategy=foo",
-        "Error: no config 'strategy/foo'; available options in 'strategy': ddp, dp, fsdp, single",
+        "Error: no config 'strategy/foo'; available options in 'strategy': ddp, dp, fsdp, "
+        "pipeline, single",
     ),
     (
         "optimizer=lbfgs",

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.report.common import Results, TargetRow, fmt_ratio, md_table
+from benchmarks.report.common import (
+    Results,
+    TargetRow,
+    fmt_ratio,
+    md_table,
+    measured_alone,
+    quick_banner,
+)
 from benchmarks.runner import Stat
 from dpt.launch import allocator
 
@@ -60,18 +67,9 @@ def command(b: dict[str, Any]) -> str:
 
 def markdown(results: Results) -> str:
     b = results["baseline"]
-    quick = (
-        "\n\n**A `--quick` run: one round, few steps. Its numbers are not a measurement.**"
-        if b["quick"]
-        else ""
-    )
-    load = lambda loads: ", ".join(f"{x:.2f}" for x in loads)  # noqa: E731
-    measured = (
-        f"*Measured on its own: `{command(b)}`, {b['date']}, {b['duration_s'] / 60:.1f} min, "
-        f"{b['rounds']} round(s), load average before {load(b['load'][0])}, after "
-        f"{load(b['load'][1])}. `--sections baseline` writes only this part of the report; its "
-        "rows of the targets table are below.*"
-    )
+    quick = quick_banner(b)
+    measured = measured_alone(b, command(b), "`--sections baseline` writes only this part of "
+                              "the report; its rows of the targets table are below.")  # fmt: skip
     commits = (
         f'**The two.** REV (`--baseline {b["rev"]}`): `{b["hash"]}` "{b["subject"]}". '
         f'This checkout: HEAD `{b["head"]}` "{b["head_subject"]}", {_tree(b)}.'

@@ -50,3 +50,36 @@ def logging_target(name: str, share: Stat, spec: str) -> TargetRow:
 def error_bars(stats: list[Stat]) -> list[list[float]]:
     """matplotlib's asymmetric error bars: from each median down to its low, up to its high."""
     return [[s.median - s.low for s in stats], [s.high - s.median for s in stats]]
+
+
+QUICK_BANNER = "\n\n**A `--quick` run: one round, few steps. Its numbers are not a measurement.**"
+
+
+def quick_banner(section: dict[str, Any]) -> str:
+    """The warning under a marked section's title when it was measured with --quick."""
+    return QUICK_BANNER if section["quick"] else ""
+
+
+def measured_alone(section: dict[str, Any], command: str, note: str, cores: bool = False) -> str:
+    """A marked section's line on how and when it was measured on its own (`note` ends it)."""
+    load = ", ".join
+    before, after = ([f"{x:.2f}" for x in loads] for loads in section["load"])
+    where = f"{section['cores']} cores, " if cores else ""
+    return (
+        f"*Measured on its own: `{command}`, {section['date']}, "
+        f"{section['duration_s'] / 60:.1f} min, {section['rounds']} round(s), {where}load "
+        f"average{' (1, 5, 15 min)' if cores else ''} before {load(before)}, after "
+        f"{load(after)}. {note}*"
+    )
+
+
+def stamp(args: Any, started: float) -> dict[str, Any]:
+    """What a marked section records of its own measurement (for `measured_alone`)."""
+    import os
+    import time
+
+    return {
+        "quick": args.quick, "smoke": args.smoke, "rounds": args.rounds,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "duration_s": time.time() - started, "cores": os.cpu_count(),
+    }  # fmt: skip

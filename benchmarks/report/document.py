@@ -32,6 +32,7 @@ from benchmarks.report import (
     monitor,
     overhead,
     pipeline,
+    pipeline_parallel,
     startup,
     sync,
 )
@@ -47,6 +48,7 @@ PLOTS: tuple[ModuleType, ...] = (loops, pipeline, sync)
 # After the method, each between its markers, in this order.
 MARKED: dict[str, ModuleType] = {
     "memory": memory, "monitor": monitor, "baseline": baseline, "gpu": gpu, "gpt": gpt,
+    "pipeline_parallel": pipeline_parallel,
 }  # fmt: skip
 
 

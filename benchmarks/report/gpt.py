@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.report.common import THROUGHPUT_TARGET, Results, TargetRow, fmt_ratio, md_table
+from benchmarks.report.common import (
+    THROUGHPUT_TARGET,
+    Results,
+    TargetRow,
+    fmt_ratio,
+    md_table,
+    measured_alone,
+    quick_banner,
+)
 from benchmarks.report.common import target as target_row
 from benchmarks.runner import Stat, paired_ratios
 from dpt.launch import allocator
@@ -50,18 +58,9 @@ def command(g: dict[str, Any]) -> str:
 
 def markdown(results: Results) -> str:
     g = results["gpt"]
-    quick = (
-        "\n\n**A `--quick` run: one round, few steps. Its numbers are not a measurement.**"
-        if g["quick"]
-        else ""
-    )
-    load = lambda loads: ", ".join(f"{x:.2f}" for x in loads)  # noqa: E731
-    measured = (
-        f"*Measured on its own: `{command(g)}`, {g['date']}, {g['duration_s'] / 60:.1f} min, "
-        f"{g['rounds']} round(s), {g['cores']} cores, load average (1, 5, 15 min) before "
-        f"{load(g['load'][0])}, after {load(g['load'][1])}. `--sections gpt` writes only this "
-        "part of the report.*"
-    )
+    quick = quick_banner(g)
+    measured = measured_alone(g, command(g), "`--sections gpt` writes only this part of the "
+                              "report.", cores=True)  # fmt: skip
     verdicts = "\n".join(f"- {name}: {ratio}, {verdict}" for name, ratio, verdict in
                          targets(results))  # fmt: skip
     parts = [

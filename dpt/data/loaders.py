@@ -233,6 +233,7 @@ def build_loaders(
     worker_init_fn: Callable[[int], None] | None = None,
     shuffle: bool = True,
     targets: Targets | None = None,
+    val_env: DistEnv | None = None,
 ) -> Loaders:
     """Shard the epoch's global order even in one process, so `single` with batch B*N sees
     exactly the batches that N ddp ranks with batch B see together (same order, same seed)."""
@@ -247,7 +248,10 @@ def build_loaders(
     train = DataLoader(train_set, batch_size=batch_size, sampler=sampler, drop_last=True, **common)
     val = None
     if data.val is not None:
-        val_sampler = ShardSampler(len(data.val), env.rank, env.world_size)
+        # Validation shards over `val_env` where given (every rank of a pipeline validates
+        # with the whole model, while its training batches are its replica's).
+        shard = val_env or env
+        val_sampler = ShardSampler(len(data.val), shard.rank, shard.world_size)
         val = DataLoader(data.val, batch_size=batch_size, sampler=val_sampler, **common)
     return Loaders(train, sampler, val, batch_size, env.world_size)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from dpt.config import ShardsConfig, TextConfig, declared_targets, task_kind
+from dpt.config import PipelineConfig, ShardsConfig, TextConfig, declared_targets, task_kind
 from dpt.launch.validate import is_own_model
 from dpt.tasks import fit
 
@@ -28,7 +28,8 @@ def needs_building(cfg: DictConfig) -> bool:
     if schema is ShardsConfig:
         return False
     return (
-        task_kind(cfg.task) == fit.CUSTOM
+        OmegaConf.get_type(cfg.strategy) is PipelineConfig  # the model's cut into its stages
+        or task_kind(cfg.task) == fit.CUSTOM
         or declared_targets(cfg.dataset) is None
         or not is_own_model(cfg.model)
         or schema is TextConfig  # its tokens, cached for the ranks; the model's vocabulary
@@ -43,5 +44,5 @@ def check(cfg: DictConfig) -> None:
 
     # Resolved, as a rank gets them (dataset=text's block size reads the model's).
     groups = OmegaConf.create({group: OmegaConf.to_container(cfg[group], resolve=True)
-                               for group in ("dataset", "model", "task")})  # fmt: skip
+                               for group in ("dataset", "model", "task", "strategy")})  # fmt: skip
     probe_fit(groups, cfg.trainer.seed)

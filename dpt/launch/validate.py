@@ -30,6 +30,7 @@ from dpt.config import (
     CustomDatasetConfig,
     FSDPConfig,
     ImageFolderConfig,
+    PipelineConfig,
     ResNetConfig,
     ShardsConfig,
     SlurmLauncherConfig,
@@ -92,6 +93,8 @@ def validate(cfg: DictConfig) -> None:
         _check_choice("strategy.comm_hook", cfg.strategy.comm_hook, COMM_HOOK_NAMES)
     if OmegaConf.get_type(cfg.strategy) is FSDPConfig:
         _validate_fsdp(cfg.strategy, cfg.trainer)
+    if OmegaConf.get_type(cfg.strategy) is PipelineConfig:
+        _validate_pipeline(cfg.strategy, cfg.trainer, _world_size(cfg.launcher))
 
 
 def _validate_windows(dataset: DictConfig, model: DictConfig) -> None:
@@ -166,6 +169,51 @@ def _validate_fsdp(strategy: DictConfig, trainer: DictConfig) -> None:
     # skipping a step, and their shards of the model would drift apart.
     _check(trainer.precision != "16-mixed", "trainer.precision", trainer.precision,
            "not supported with strategy=fsdp; use bf16-mixed")  # fmt: skip
+
+
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+PIPELINE_DATA_PARALLEL = ("none", "ddp", "fsdp")
+
+
+def _validate_pipeline(p: DictConfig, trainer: DictConfig, world: int | None) -> None:
+    _check_choice("strategy.schedule", p.schedule, PIPELINE_SCHEDULES)
+    _check_choice("strategy.data_parallel", p.data_parallel, PIPELINE_DATA_PARALLEL)
+    _check(p.stages >= 2, "strategy.stages", p.stages,
+           "must be >= 2 (one stage is strategy=single)")  # fmt: skip
+    _check(p.microbatches >= 1, "strategy.microbatches", p.microbatches, "must be >= 1")
+    _check(trainer.batch_size % p.microbatches == 0, "strategy.microbatches", p.microbatches,
+           f"does not divide trainer.batch_size={trainer.batch_size} (each replica's batch); "
+           f"use a divisor of {trainer.batch_size}")  # fmt: skip
+    _check(p.schedule == "gpipe" or p.microbatches >= p.stages, "strategy.microbatches",
+           p.microbatches, f"strategy.schedule={p.schedule} needs at least one micro-batch per "
+           f"stage (strategy.stages={p.stages})")  # fmt: skip
+    interleaved = p.schedule == "interleaved_1f1b"
+    _check(p.stages_per_rank >= 2 if interleaved else p.stages_per_rank == 1,
+           "strategy.stages_per_rank", p.stages_per_rank,
+           "must be >= 2 with strategy.schedule=interleaved_1f1b" if interleaved else
+           "more than one stage per rank needs strategy.schedule=interleaved_1f1b")  # fmt: skip
+    if interleaved:
+        _check(p.microbatches % p.stages == 0, "strategy.microbatches", p.microbatches,
+               f"interleaved_1f1b runs rounds of strategy.stages={p.stages} micro-batches; "
+               f"use a multiple of {p.stages}")  # fmt: skip
+    if world is not None:
+        _check(world % p.stages == 0, "strategy.stages", p.stages,
+               f"a world of {world} ranks does not split into pipelines of {p.stages} stages; "
+               f"use a multiple of {p.stages} ranks")  # fmt: skip
+    # The loss scale's overflow check would need agreeing over the stages.
+    _check(trainer.precision != "16-mixed", "trainer.precision", trainer.precision,
+           "not supported with strategy=pipeline; use bf16-mixed")  # fmt: skip
+    _check(not trainer.compile, "trainer.compile", trainer.compile,
+           "not supported with strategy=pipeline yet (its stages run eagerly)")  # fmt: skip
+
+
+def _world_size(launcher: DictConfig) -> int | None:
+    """The world's size where the config alone says it: a number of local processes, or a
+    SLURM job's nodes x tasks; None where it is known only at start (`auto`, torchrun)."""
+    nproc = str(launcher.get("nproc_per_node", ""))
+    if "nodes" in launcher and "tasks_per_node" in launcher:
+        return int(launcher.nodes) * int(launcher.tasks_per_node)
+    return int(nproc) if nproc.isdigit() else None
 
 
 SCHEDULER_MINIMUMS = {"warmup_steps": 0, "min_lr": 0.0, "step_size": 1, "gamma": 0.0}

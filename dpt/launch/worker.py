@@ -175,7 +175,8 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         summary["objective"] = _objective(cfg, parts).record(summary)
         if summary["objective"]["value"] is not None:  # HPARAMS lists it for every run
             parts.metrics.scalars({"objective": summary["objective"]["value"]}, result.steps)
-        weights = full_state_dict(parts.model)  # all ranks: fsdp gathers the shards to rank 0
+        # All ranks: fsdp gathers the shards to rank 0, a pipeline its stages.
+        weights = full_state_dict(parts.strategy.whole_model(parts.model))
         if env.is_main:
             log.info(
                 f"done: {result.steps} steps in {result.wall_time_s:.1f} s | "
@@ -256,10 +257,13 @@ def _log_start(parts: Parts) -> None:
         backend += f" at {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
     accum = settings.grad_accum_steps
     accum_text = f" x {accum} accumulation steps" if accum > 1 else ""
+    # A pipeline's stages share their replica's batch.
+    holder = "replica" if parts.strategy.copies > 1 else "process"
     log.info(
-        f"pid {os.getpid()} | strategy={parts.strategy.name} | world size {env.world_size} | "
-        f"device {env.device} | backend {backend} | precision {settings.precision} | batch per "
-        f"process {settings.batch_size}{accum_text} | global batch {parts.global_batch} | "
+        f"pid {os.getpid()} | strategy={parts.strategy.name}{parts.strategy.layout()} | world "
+        f"size {env.world_size} | device {env.device} | backend {backend} | precision "
+        f"{settings.precision} | batch per {holder} {settings.batch_size}{accum_text} | global "
+        f"batch {parts.global_batch} | "
         f"{run_length(settings, parts.total_steps, parts.loaders.steps_per_epoch(accum))}"
     )
 

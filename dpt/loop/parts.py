@@ -5,6 +5,7 @@ validation, early stopping). The trainer receives them built; defaults live in `
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -112,7 +113,8 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
     task = build_data_task(groups.task, data)
     strategy: Strategy = build(groups.strategy)
     worker_init = functools.partial(_init_loader_worker, env.rank, log_file)
-    loaders = build_loaders(data, env, t.batch_size, t.seed, worker_init, shuffle, task.targets)
+    loaders = build_loaders(data, strategy.data_env(env), t.batch_size, t.seed, worker_init,
+                            shuffle, task.targets, val_env=env)  # fmt: skip
     torch.manual_seed(t.seed)  # identical initial weights on every rank, every strategy
     model = build_model(groups.model, data.input_shape, task.num_outputs, compiled=t.compile)
     task.check(output_shape(model, data.input_shape, input_dtype(data)))  # before any step
@@ -123,16 +125,19 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
     optimizer = build(groups.optimizer)(model.parameters())
     total_steps = planned_steps(loaders, t, env.world_size)
     scheduler = build(groups.scheduler)(optimizer, total_steps=total_steps)
-    precision = Precision(t.precision, env.device)
+    precision = Precision(t.precision, env.device, strategy.grad_norm)
     to_device = ToDevice(env.device, bool(groups.model.get("channels_last", False)))
+    task = task.to(env.device)
+    strategy.attach(task.loss, precision.autocast, to_device, t.grad_accum_steps)
     monitor = Monitor(cfg.monitor, run_dir, env.is_main, clipping=t.grad_clip_norm is not None,
                       sharded_norm=strategy.shards_gradients and env.distributed)  # fmt: skip
     return Parts(
         settings=t, checkpoint=cfg.checkpoint, env=env, run_dir=run_dir, strategy=strategy,
-        task=task.to(env.device), throughput=throughput, loaders=loaders, model=model,
+        task=task, throughput=throughput, loaders=loaders, model=model,
         optimizer=optimizer, scheduler=scheduler, precision=precision, to_device=to_device,
-        metrics=MetricsLogger(run_dir, env, total_steps, MemoryUse(model, optimizer).scalars,
-                              throughput),
+        metrics=MetricsLogger(run_dir, env, total_steps,
+                              _rank_scalars(MemoryUse(model, optimizer), strategy), throughput,
+                              copies=strategy.copies),
         agreement=Agreement(env, total_steps, cfg.monitor.nonfinite.action, t.log_every_n_steps,
                             every_step=monitor.every_step),
         monitor=monitor,
@@ -182,6 +187,10 @@ def probe_fit(groups: DictConfig, seed: int) -> None:
     data, _ = build_data(groups.dataset, seed)
     task = build_data_task(groups.task, data)
     task.check(_meta_output(groups.model, data, task))
+    if "strategy" in groups:  # whether the model cuts into its stages (strategy=pipeline)
+        with torch.device("meta"):
+            model = build_model(groups.model, data.input_shape, task.num_outputs)
+        build(groups.strategy).check(model)
 
 
 def _meta_output(node: DictConfig, data: DataModule, task: Task) -> Any:
@@ -260,6 +269,12 @@ def _lockstep_input(strategy: Strategy, env: DistEnv, data: DataModule) -> torch
     if not (strategy.lockstep_forward and env.distributed):
         return None
     return torch.empty((0, *data.input_shape), dtype=input_dtype(data))
+
+
+def _rank_scalars(memory: MemoryUse, strategy: Strategy) -> Callable[[], dict[str, float]]:
+    """A rank's own numbers at each logging window: its memory, and its strategy's (a
+    pipeline stage's compute and idle time)."""
+    return lambda: memory.scalars() | strategy.rank_scalars()
 
 
 def _init_loader_worker(rank: int, log_file: Path, worker_id: int) -> None:

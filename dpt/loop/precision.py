@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,7 +16,13 @@ from dpt.errors import DptError
 class Precision:
     """Autocast for the forward pass, and (fp16 only) a GradScaler around backward and step."""
 
-    def __init__(self, precision: str, device: torch.device) -> None:
+    def __init__(
+        self,
+        precision: str,
+        device: torch.device,
+        grad_norm: Callable[[nn.Module], torch.Tensor] | None = None,
+    ) -> None:
+        """`grad_norm`: the strategy's own global norm (a pipeline's, over its stages)."""
         if precision == "16-mixed" and device.type != "cuda":
             raise DptError(
                 f"trainer.precision=16-mixed needs CUDA (device is {device.type}); use bf16-mixed"
@@ -25,6 +32,7 @@ class Precision:
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
         self.scaler = torch.amp.GradScaler("cuda") if precision == "16-mixed" else None
         self._unscaled = False  # the scaler's unscale_ ran this step (once a step, at most)
+        self.grad_norm = grad_norm
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.dtype is None:
@@ -41,12 +49,19 @@ class Precision:
         if max_norm is None:
             return None
         self.unscale(optimizer)  # clip the true gradients, not the scaled ones
-        return clip_by_global_norm(list(model.parameters()), max_norm)
+        params = list(model.parameters())
+        if self.grad_norm is None:
+            return clip_by_global_norm(params, max_norm)
+        norm = self.grad_norm(model)  # every stage's squares: the same norm on every rank
+        nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return norm
 
     def norm(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         """The gradients' norm, without clipping and without a collective: under fsdp this
         rank's shards' alone (the monitor sums the ranks' squares at its agreement)."""
         self.unscale(optimizer)  # the true gradients' norm
+        if self.grad_norm is not None:  # a collective, but the whole model's norm
+            return self.grad_norm(model)
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         return local_part(nn.utils.get_total_norm(grads))
 

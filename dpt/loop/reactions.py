@@ -146,7 +146,7 @@ def name_nonfinite(trainer: LoopState, event: Event) -> None:
     forwards gather weights, SyncBatchNorm's gather statistics), on the weights it has now: the
     step's own where the agreement came at that step (trainer.on_nonfinite=skip: always), the
     checkpoint's after a rollback."""
-    model = unwrap(trainer.model)
+    model = unwrap(trainer.parts.strategy.whole_model(trainer.model))  # a pipeline's stages too
     weights = [name for name, p in model.named_parameters() if has_nonfinite(p.detach())]
     # Under fsdp each rank sees its shards only: the ranks decide together whether to replay.
     if any(row[0] for row in all_gather_floats([float(bool(weights))], trainer.parts.env)):
@@ -155,8 +155,11 @@ def name_nonfinite(trainer: LoopState, event: Event) -> None:
                       "trainer.on_nonfinite=skip names it at the step itself")  # fmt: skip
         return
     assert event.sample is not None
-    batches = trainer.parts.loaders.step_batches(
-        event.epoch, event.sample, trainer.settings.grad_accum_steps, event.rank or 0
+    loaders = trainer.parts.loaders
+    # The rank's share of the step; a pipeline's ranks read their replica's (rank % replicas).
+    share = (event.rank or 0) % loaders.world_size
+    batches = loaders.step_batches(
+        event.epoch, event.sample, trainer.settings.grad_accum_steps, share
     )
     with _kept_state(model):
         for inputs, targets, _ in batches:

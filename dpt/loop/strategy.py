@@ -64,8 +64,44 @@ class Strategy:
     # Each rank holds only its shards of the gradients (fsdp): a norm of its own is partial.
     shards_gradients: ClassVar[bool] = False
 
+    # How many ranks train each sample (a pipeline's stages): world sums count it once.
+    copies: int = 1
+    # The step's forwards and backwards, where the strategy runs them itself (a pipeline's
+    # schedule); None: the trainer's loop over the micro-batches.
+    forward_backward: Callable[[list[Any], float], tuple[torch.Tensor, float]] | None = None
+    # The gradients' global norm, where the strategy computes it itself (None: dpt.loop.precision).
+    grad_norm: Callable[[nn.Module], torch.Tensor] | None = None
+
+    def check(self, model: nn.Module) -> None:
+        """One line where the model (built on the meta device, beforehand) cannot be wrapped."""
+
+    def data_env(self, env: DistEnv) -> DistEnv:
+        """Where this rank's batches come from: its own share of each step, by default."""
+        return env
+
     def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         return model
+
+    def attach(
+        self,
+        loss: Callable[..., torch.Tensor],
+        autocast: Callable[[], Any],
+        to_device: Callable[[torch.Tensor], torch.Tensor],
+        grad_accum_steps: int,
+    ) -> None:
+        """Told the task's loss and the run's precision (a strategy that runs the step)."""
+
+    def whole_model(self, model: nn.Module) -> nn.Module:
+        """The whole model (validation, the saved weights): the wrapped one, unless it is cut."""
+        return model
+
+    def layout(self) -> str:
+        """What this rank holds, for its start line (` | stage 1 of 2 ...`); "" by default."""
+        return ""
+
+    def rank_scalars(self) -> dict[str, float]:
+        """This rank's own numbers for TensorBoard at each logging window (a stage's times)."""
+        return {}
 
 
 class Single(Strategy):

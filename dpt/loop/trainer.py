@@ -61,6 +61,9 @@ class Trainer:
         # The optimizer's and schedule's settings as configured, before any checkpoint loads.
         self.configured = resume_apply.Settings.of(self.optimizer, self.scheduler)
         self.bad_before_epoch = 0  # progress.bad_samples when the epoch began: its epoch line
+        # The step's forwards and backwards: the loop below, or the strategy's own schedule
+        # (a pipeline streams the micro-batches through its stages).
+        self.run_micro_batches = parts.strategy.forward_backward or self.forward_backward
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -84,7 +87,7 @@ class Trainer:
         return self.result(time.perf_counter() - start, stopped_early)
 
     def train_step(self, micro_batches: list[Batch], data_s: float, stop: StopRequest) -> None:
-        loss, work_s = self.forward_backward(micro_batches, time.perf_counter() - data_s)
+        loss, work_s = self.run_micro_batches(micro_batches, time.perf_counter() - data_s)
         grad_norm = self.precision.clip_and_norm(
             self.model, self.optimizer, self.settings.grad_clip_norm
         )
@@ -214,10 +217,13 @@ class Trainer:
     def end_of_epoch(self) -> bool:
         """Validate, checkpoint; returns whether early stopping triggered."""
         finished = self.steps_left() == 0  # not cut by max_steps
-        val = self.parts.validation.run(self.model)
+        model = self.model
+        if self.parts.validation.loader is not None:  # a pipeline's stages put together
+            model = self.parts.strategy.whole_model(self.model)
+        val = self.parts.validation.run(model)
         self.metrics.scalars(val, self.progress.step)
         stop = self.parts.early_stopping.should_stop(val)
-        self.parts.best_model.update(val, self.progress.step, self.position.epoch + 1, self.model)
+        self.parts.best_model.update(val, self.progress.step, self.position.epoch + 1, model)
         bad_in_epoch = self.progress.bad_samples - self.bad_before_epoch
         self.bad_before_epoch = self.progress.bad_samples
         if self.parts.env.is_main:  # world-wide numbers: one line, not one per rank

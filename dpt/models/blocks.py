@@ -44,9 +44,15 @@ TORCHVISION_BLOCKS = frozenset(
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's blocks in forward order; [] for a model dpt knows no blocks of."""
+    """The model's blocks in forward order; [] for a model dpt knows no blocks of. A pipeline
+    stage's copy of the model holds only its own (the others are None: dpt.models.stages)."""
+    return [block for block in _blocks(model) if block is not None]
+
+
+def _blocks(model: nn.Module) -> list[nn.Module | None]:
     if isinstance(model, MLP):
-        return [layer for layer in model if any(True for _ in layer.parameters())]
+        return [layer for layer in model
+                if layer is not None and any(True for _ in layer.parameters())]  # fmt: skip
     if isinstance(model, GPT):
         return list(model.h)  # as the model holds them (wrapped, once recomputed)
     if _is_resnet(model):

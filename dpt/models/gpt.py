@@ -102,15 +102,23 @@ class GPT(nn.Module):
                 nn.init.normal_(parameter, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for block in self.h:
+            x = block(x)
+        return self.head(x)
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) -> the first block's input (B, T, n_embd); a pipeline's first stage."""
         steps = idx.shape[1]
         if steps > self.block_size:
             raise DptError(
                 f"a sequence of {steps} tokens is longer than model.block_size={self.block_size}"
             )
         positions = torch.arange(steps, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(positions))
-        for block in self.h:
-            x = block(x)
+        return self.drop(self.wte(idx) + self.wpe(positions))
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The last block's output -> logits; a pipeline's last stage."""
         return self.lm_head(self.ln_f(x))
 
     def num_params(self) -> int:

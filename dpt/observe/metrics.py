@@ -124,8 +124,10 @@ class MetricsLogger:
         total_steps: int,
         memory: Callable[[], dict[str, float]] | None = None,  # per-rank sizes (dpt.observe.memory)
         throughput: Throughput | None = None,  # tokens/s and MFU, for models of tokens
+        copies: int = 1,  # ranks that train each sample (a pipeline's stages)
     ) -> None:
         self.env, self.tb = env, dashboard.place(run_dir)
+        self.copies = copies
         self.memory, self.throughput = memory, throughput
         self.total_steps = total_steps
         self.purge_step: int | None = None
@@ -247,8 +249,8 @@ class MetricsLogger:
     def agreed(self, rows: list[list[float]]) -> list[tuple[int, list[dict[str, float]]]]:
         """Take in every rank's payload; write the windows ended since the last agreement.
         Returns each window's step and every rank's numbers of it (the monitor judges them)."""
-        self.world_samples += int(sum(row[0] for row in rows))
-        self.bad_samples += int(sum(row[1] for row in rows))
+        self.world_samples += int(sum(row[0] for row in rows)) // self.copies
+        self.bad_samples += int(sum(row[1] for row in rows)) // self.copies
         self._since = [0, 0]
         width, at = len(WINDOW), len(SINCE)
         windows = []
@@ -318,7 +320,8 @@ class MetricsLogger:
         rank_scalars |= window.extra | rank_throughput
         self._hold(f"rank{self.env.rank}", rank_scalars, window.step, window.wall_time)
         self.last_world_loss = sum(r["loss"] for r in world) / sum(r["steps"] for r in world)
-        world_samples_s = sum(r["samples"] for r in world) / max(r["elapsed"] for r in world)
+        world_samples_s = (sum(r["samples"] for r in world) / self.copies
+                           / max(r["elapsed"] for r in world))  # fmt: skip
         stragglers = self.stragglers.update([r["work_s"] / r["steps"] for r in world])
         if self.env.is_main:
             world_scalars = {"train/loss": self.last_world_loss,

@@ -69,16 +69,36 @@ def full_state_dict(model: nn.Module) -> dict[str, Any]:
 
 
 class OptimizerState:
-    """The optimizer's state keyed by parameter names (not positions), through DCP."""
+    """The optimizer's state keyed by parameter names (not positions), through DCP.
+
+    Flattened (torchtitan's choice): each parameter's settings under its own name
+    (`param_groups.<name>.lr`), not one list of every group's names, so a rank that holds only
+    some of the parameters (a pipeline stage) saves and loads only theirs, and a checkpoint
+    loads under any number of stages. Checkpoints written before (a list of groups, each with
+    its parameters' names) still load, as they were written."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
+        self.flat = True
+
+    def expect(self, stored: set[str]) -> None:
+        """Told the checkpoint's keys under this part before loading: which layout it has."""
+        # Before: `param_groups.<i>.params` lists every group's parameter names.
+        self.flat = not any(k.startswith("param_groups.") and k.endswith(".params") for k in stored)
+
+    def _options(self) -> Any:
+        return _state_dicts().StateDictOptions(flatten_optimizer_state_dict=self.flat)
 
     def state_dict(self) -> dict[str, Any]:
-        return _state_dicts().get_optimizer_state_dict(unwrap(self.model), self.optimizer)
+        return _state_dicts().get_optimizer_state_dict(
+            unwrap(self.model), self.optimizer, options=self._options()
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _state_dicts().set_optimizer_state_dict(unwrap(self.model), self.optimizer, state)
+        _state_dicts().set_optimizer_state_dict(
+            unwrap(self.model), self.optimizer, state, options=self._options()
+        )
+        self.flat = True  # what this run saves from now on
 
 
 class PlainState:

@@ -1,0 +1,297 @@
+"""Pipeline parallelism (`strategy=pipeline`): the model cut into stages on different ranks,
+micro-batches streamed through them by one of torch.distributed.pipelining's schedules; with
+`strategy.data_parallel=ddp`, replicas of the whole pipeline on a 2-D mesh (pipeline x data).
+
+Ranks are laid out as torchtitan lays them: the pipeline dimension outermost (rank = stage
+position x replicas + replica), so a pipeline's stages sit on different machines and the
+gradient all-reduce of a replica group stays within one. Every stage of a replica reads the
+same batches (the first its inputs, the last its targets): the data is split over the
+replicas only. The trainer keeps its loop; this strategy runs the step's forwards and
+backwards (`forward_backward`) and gives validation, `model_best.pt` and `model.pt` the whole
+model (`whole_model`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dpt.distributed import DistEnv, is_dtensor, local_part
+from dpt.errors import DptError
+from dpt.loop.strategy import Strategy
+from dpt.models import stages as cut
+from dpt.models.blocks import blocks
+from dpt.models.sync_batchnorm import has_batchnorm
+from dpt.observe.stage_clock import StageClock
+
+log = logging.getLogger("dpt")
+
+
+class Pipeline(Strategy):
+    name = "pipeline"
+
+    def __init__(
+        self,
+        stages: int,
+        schedule: str,
+        microbatches: int,
+        stages_per_rank: int,
+        split_points: Sequence[str] | None,
+        data_parallel: str,
+    ) -> None:
+        self.stages, self.schedule_name, self.microbatches = stages, schedule, microbatches
+        self.stages_per_rank = stages_per_rank
+        self.split_points = list(split_points) if split_points else None
+        self.data_parallel = data_parallel
+        self.copies = stages  # a replica's stages all train its samples: counted once
+        self.whole: nn.Module | None = None  # the whole model, for validation and its weights
+        self.clock = StageClock()
+
+    # --- the world ----------------------------------------------------------------------------
+
+    def replicas(self, world_size: int) -> int:
+        """How many copies of the pipeline the world holds; one line where it does not split."""
+        if world_size % self.stages:
+            raise DptError(
+                f"strategy.stages={self.stages}: a world of {world_size} ranks does not split "
+                f"into pipelines of {self.stages} stages; use a multiple of {self.stages} ranks"
+            )
+        replicas = world_size // self.stages
+        if replicas > 1 and self.data_parallel == "none":
+            raise DptError(
+                f"strategy.stages={self.stages} on {world_size} ranks makes {replicas} copies "
+                "of the pipeline: set strategy.data_parallel=ddp to train them as one"
+            )
+        return replicas
+
+    def data_env(self, env: DistEnv) -> DistEnv:
+        """Where this rank stands among the replicas: its batches are its replica's."""
+        replicas = self.replicas(env.world_size)
+        return replace(env, rank=env.rank % replicas, world_size=replicas)
+
+    # --- the model ----------------------------------------------------------------------------
+
+    def check(self, model: nn.Module) -> None:
+        """One line where the model does not cut into these stages."""
+        cut.plan(model, self.stages * self.stages_per_rank, self.split_points)
+
+    def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.pipelining import PipelineStage
+
+        replicas = self.replicas(env.world_size)
+        if not dist.is_initialized():
+            raise DptError("strategy=pipeline needs a process per stage: launch it on "
+                           f"{self.stages} or more ranks")  # fmt: skip
+        self.position, self.replica = divmod(env.rank, replicas)
+        mesh = init_device_mesh(env.device.type, (self.stages, replicas),
+                                mesh_dim_names=("pp", "dp"))  # fmt: skip
+        self.pp_group = mesh.get_group("pp")
+        total = self.stages * self.stages_per_rank
+        plan = cut.plan(model, total, self.split_points)
+        mine = [s for s in range(total) if s % self.stages == self.position]  # loop order
+        holder = cut.stage_model(model, [u for s in mine for u in plan[s]])
+        self.whole = model  # kept whole: validation and the saved weights (see whole_model)
+        if has_batchnorm(model) and self.microbatches > 1 and env.is_main:
+            log.warning(
+                "strategy=pipeline: BatchNorm normalises each micro-batch (trainer.batch_size / "
+                "strategy.microbatches samples), and updates its running statistics once per "
+                "micro-batch: not the same as one process on the whole batch"
+            )
+        self._tie(model, plan, replicas)
+        self.holder = holder.to(env.device)
+        self.views: list[nn.Module] = []
+        for s in mine:
+            view: nn.Module = cut.StageView(self.holder, plan[s], self.autocast)
+            if replicas > 1:
+                view = self._replicated(view, mesh["dp"], env, precision)
+            self.views.append(view)
+        self.stage_objects = [
+            PipelineStage(view, s, total, env.device, group=self.pp_group)
+            for view, s in zip(self.views, mine, strict=True)
+        ]
+        for stage in self.stage_objects:
+            self.clock.watch(stage, env.device)
+        self.first, self.last = 0 in mine, total - 1 in mine
+        self.held = [(s, plan[s]) for s in mine]
+        return self.holder
+
+    def layout(self) -> str:
+        """` | stage 1 of 2 (embed-h.1), replica 1 of 1 | 1f1b x 4 micro-batches`."""
+        total = self.stages * self.stages_per_rank
+        held = ", ".join(f"{s + 1} of {total} ({_span(units)})" for s, units in self.held)
+        replicas = dist.get_world_size() // self.stages
+        return (f" | stage {held}, replica {self.replica + 1} of {replicas} | "
+                f"{self.schedule_name} x {self.microbatches} micro-batches")  # fmt: skip
+
+    def _replicated(self, view: nn.Module, dp: Any, env: DistEnv, precision: str) -> nn.Module:
+        """A stage trained by its replicas together: ddp all-reduces its gradients; fsdp
+        shards it over them, each block one unit (gathered for its forward and backward),
+        then the stage's other parameters (a GPT's embedding or head)."""
+        if self.data_parallel == "fsdp":
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            dtype = torch.bfloat16 if precision == "bf16-mixed" else None
+            options = {"mesh": dp, "mp_policy": MixedPrecisionPolicy(param_dtype=dtype)}
+            for block in blocks_of(view):
+                fully_shard(block, **options)
+            fully_shard(view, **options)
+            return view
+        gpu = [env.device.index] if env.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(view, process_group=dp.get_group(),
+                                                   device_ids=gpu)  # fmt: skip
+
+    def _tie(self, model: nn.Module, plan: list[list[cut.Unit]], replicas: int) -> None:
+        """Parameters that stages on different ranks share (a GPT's embedding and head): each
+        holds its copy, their gradients are summed between those ranks after backward, and the
+        norm counts the one on the lowest stage."""
+        first = {id(p): name for name, p in model.named_parameters()}
+        stages: dict[str, set[int]] = {}
+        for s, kept in enumerate(plan):
+            for unit in kept:
+                for module in unit.modules:
+                    for p in model.get_submodule(module).parameters():
+                        stages.setdefault(first[id(p)], set()).add(s)
+        self.counted = {name for name, held in stages.items()
+                        if min(held) % self.stages == self.position}  # fmt: skip
+        self.ties: list[tuple[str, Any]] = []
+        for name, held in sorted(stages.items()):
+            positions = sorted({s % self.stages for s in held})
+            if len(positions) < 2:
+                continue
+            for replica in range(replicas):  # every rank makes every group, in one order
+                group = dist.new_group([p * replicas + replica for p in positions])
+                if self.position in positions and replica == self.replica:
+                    self.ties.append((name, group))
+
+    def autocast(self) -> Any:
+        return self._autocast()
+
+    def attach(
+        self,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        autocast: Callable[[], Any],
+        to_device: Callable[[torch.Tensor], torch.Tensor],
+        grad_accum_steps: int,
+    ) -> None:
+        """The schedule, once the task's loss and the run's precision are known."""
+        from torch.distributed.pipelining import schedules
+
+        self._autocast, self.to_device = autocast, to_device
+        chunks = self.microbatches * grad_accum_steps
+        scale = 1.0 / chunks  # the mean over the step's samples; the schedule scales nothing
+
+        def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            with autocast():
+                return loss(output, target) * scale
+
+        if self.schedule_name == "interleaved_1f1b":  # several stages per rank
+            self.schedule = schedules.ScheduleInterleaved1F1B(
+                self.stage_objects, n_microbatches=chunks, loss_fn=loss_fn, scale_grads=False
+            )
+            return
+        kind = {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B}
+        self.schedule = kind[self.schedule_name](
+            self.stage_objects[0], n_microbatches=chunks, loss_fn=loss_fn, scale_grads=False
+        )
+
+    # --- a step -------------------------------------------------------------------------------
+
+    def forward_backward(
+        self, micro_batches: list[Any], step_start: float
+    ) -> tuple[torch.Tensor, float]:
+        """The step's gradients over all micro-batches, through the schedule; returns the
+        replica's loss (its last stage's, sent to the other stages) and this rank's time until
+        the schedule's end."""
+        inputs, targets = [], []
+        for batch_inputs, batch_targets, _ in micro_batches:
+            inputs += [(self.to_device(x),) for x in batch_inputs.tensor_split(self.microbatches)]
+            targets += [self.to_device(t) for t in batch_targets.tensor_split(self.microbatches)]
+        losses: list[torch.Tensor] = []
+        with self.clock.step():  # waits for the stages before and after it: the bubble
+            self.schedule.step(
+                arg_mbs=inputs if self.first else None,
+                target_mbs=targets if self.last else None,
+                losses=losses if self.last else None,
+                return_outputs=False,
+            )
+        work_s = time.perf_counter() - step_start
+        self._sum_ties()
+        loss = torch.stack(losses).sum().detach() if self.last else torch.zeros(
+            (), device=inputs[0][0].device if inputs else self._device())  # fmt: skip
+        dist.broadcast(loss, group=self.pp_group, group_src=self.stages - 1)
+        return loss, work_s
+
+    def _device(self) -> torch.device:
+        return next(self.holder.parameters()).device
+
+    def _sum_ties(self) -> None:
+        params = dict(self.holder.named_parameters())
+        for name, group in self.ties:
+            param = params[name]
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            # Under fsdp both ends hold the same rows of it (the same shard of the replicas).
+            dist.all_reduce(local_part(param.grad), group=group)
+
+    def grad_norm(self, model: nn.Module) -> torch.Tensor:
+        """The gradients' norm over the whole model: every stage's squares summed (a shared
+        parameter once); the same on every rank."""
+        grads = [local_part(p.grad) for name, p in model.named_parameters()
+                 if p.grad is not None and name in self.counted]  # fmt: skip
+        squares = (torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads
+                   else torch.zeros((), device=self._device()))  # fmt: skip
+        # fsdp: the replicas hold other rows of a stage, so the world's squares sum to the
+        # norm; ddp: the replicas hold the same gradients, so one replica's stages' do.
+        sharded = self.data_parallel == "fsdp" and self.copies < dist.get_world_size()
+        dist.all_reduce(squares, group=None if sharded else self.pp_group)
+        return squares.sqrt()
+
+    # --- the whole model ----------------------------------------------------------------------
+
+    def whole_model(self, model: nn.Module) -> nn.Module:
+        """The whole model with every stage's current weights, on every rank (validation runs
+        it data-parallel over all ranks; `model_best.pt` and `model.pt` are its weights)."""
+        assert self.whole is not None
+        # fsdp: each stage's shards gathered first (among its replicas, in one order of names).
+        own = {name: full(t).detach().cpu() for name, t in model.state_dict().items()}
+        parts: list[dict[str, torch.Tensor]] = [{} for _ in range(self.stages)]
+        dist.all_gather_object(parts, own, group=self.pp_group)
+        merged = {name: t for part in parts for name, t in part.items()}
+        self.whole.load_state_dict(merged)
+        self.whole.to(self._device())
+        self.whole.train(model.training)
+        return self.whole
+
+    def rank_scalars(self) -> dict[str, float]:
+        """This stage's compute and idle time per step, and its bubble (idle / step)."""
+        return self.clock.scalars()
+
+
+def _span(units: list[cut.Unit]) -> str:
+    """`h.0` or `embed-h.1`: the blocks a stage runs."""
+    first, last = units[0].name, units[-1].name
+    return first if first == last else f"{first}-{last}"
+
+
+def blocks_of(view: cut.StageView) -> list[nn.Module]:
+    """The model's blocks (dpt.models.blocks: fsdp's units) among this stage's modules."""
+    held = {id(m) for m in view.parts}
+    return [m for m in blocks(view.holder) if id(m) in held]
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (a collective over its mesh); a plain tensor as it is."""
+    return tensor.full_tensor() if is_dtensor(tensor) else tensor
+
+
+def bubble(stages: int, microbatches: int) -> float:
+    """The textbook bubble of GPipe and 1F1B: (p - 1) / (m + p - 1) of a step idles."""
+    return (stages - 1) / (microbatches + stages - 1)
