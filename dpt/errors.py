@@ -47,6 +47,33 @@ def could_not_write(fallback: Path | str, error: OSError) -> str:
     return f"could not write {path}: {reason}"
 
 
+def first_line(error: BaseException) -> str:
+    """An error's first line (its type where it says nothing): torch's, numpy's and Hydra's
+    messages run on for lines."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+_UNPICKLER = re.compile(
+    r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|Check the documentation|$)", re.S
+)
+
+
+def torch_load_reason(error: BaseException) -> str:
+    """Why `torch.load(weights_only=True)` could not read a file, in one line: what was wrong
+    with it, without torch's advice to load it with weights_only=False (which runs any code a
+    damaged or hostile file holds)."""
+    text = str(error)
+    found = _UNPICKLER.search(text)
+    if found:
+        detail = " ".join(found.group(1).split())
+    elif "Weights only load failed" in text:
+        detail = "objects other than tensors"
+    else:
+        detail = f"{type(error).__name__}: {first_line(error)}"
+    return f"damaged, or not written by torch.save ({detail})"
+
+
 def one_line(error: BaseException) -> str:
     """Hydra and OmegaConf messages span many lines; keep what names the key and the problem."""
     cause = error.__cause__
@@ -55,7 +82,7 @@ def one_line(error: BaseException) -> str:
     if isinstance(error, OmegaConfBaseException):
         return _omegaconf_line(error)
     if isinstance(cause, OmegaConfBaseException):
-        return _omegaconf_line(cause)
+        return _omegaconf_line(cause) + _append_hint(str(error), cause)
     text = _unwrap_loader_error(str(error))
     ambiguous = _AMBIGUOUS.search(text)
     if ambiguous:
@@ -151,6 +178,18 @@ def _omegaconf_line(error: OmegaConfBaseException) -> str:
             f"DIR/{group}/<name>.yaml; README: Your own model and data)"
         )
     return f"{key}: {message}"
+
+
+_APPEND = re.compile(r"To append to your config use (\+\S+)")
+
+
+def _append_hint(text: str, cause: OmegaConfBaseException) -> str:
+    """A key that a config of yours lacks (no schema lists its keys: `dataset.shuffle` on your
+    data set's YAML): Hydra's way to add it, `+dataset.shuffle=false`."""
+    found = _APPEND.search(text)
+    if found is None or _fields(getattr(cause, "object_type", None)):
+        return ""
+    return f"; add it with {found.group(1)}"
 
 
 def _fields(object_type: object) -> list[str]:

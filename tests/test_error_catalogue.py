@@ -67,7 +67,17 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (texts / "empty.txt").write_text("")
     (texts / "short.txt").write_text("1+1=2\n")
     (texts / "broken.json").write_text('{"model": ')  # a tokenizers file cut off
+    damaged_study = root / "damaged_study"  # a sweep folder whose optuna.db is not a database
+    damaged_study.mkdir()
+    (damaged_study / "optuna.db").write_bytes(b"not a database" * 100)
+    own_conf = root / "own_conf"  # a data set of yours whose YAML has no `shuffle`
+    (own_conf / "dataset").mkdir(parents=True)
+    (own_conf / "dataset" / "plain.yaml").write_text(
+        "_target_: simple.RandomDataset\nn_samples: 100\ninput_dim: 10\n"
+    )
     return {
+        "own_conf": own_conf,
+        "damaged_study": damaged_study,
         **_image_folders(root, coco),
         "coco": coco,
         "empty_coco": empty,
@@ -94,7 +104,13 @@ def made_by_runs(inputs: dict[str, Path]) -> dict[str, Path]:
         shard.unlink()
     run = root / "mlp_run"
     train(run, *FAST, "trainer.max_steps=2")
+    damaged = root / "damaged_weights_run"  # the run, its model_best.pt overwritten with junk
+    shutil.copytree(run, damaged)
+    (damaged / "model_best.pt").write_bytes(b"\xbe" * 64)
+    torch.save(torch.zeros(2, 32), root / "vectors.pt")  # the run's inputs: vectors of 32
     return {
+        "damaged_weights_run": damaged,
+        "vectors": root / "vectors.pt",
         "broken_shards": broken_shards,
         "mlp_run": run,  # a finished run of task=classification
         **_checkpoints(root, run / "checkpoints" / "step-00000002"),
@@ -263,7 +279,8 @@ def test_documented_message_of_another_command(
 
     paths = {**_paths(request, (command + message).replace("{tmp}", "")), "tmp": tmp_path}
     program, *args = shlex.split(command.format(**paths))
-    module = {"dpt-generate": "generate", "dpt-tokenizer": "tokenizer", "dpt-shards": "shards"}
+    module = {"dpt-generate": "generate", "dpt-tokenizer": "tokenizer", "dpt-shards": "shards",
+              "dpt-predict": "predict"}  # fmt: skip
     main = importlib.import_module(f"dpt.commands.{module[program]}").main
     with pytest.raises(SystemExit) as exited:
         main(args)

@@ -73,8 +73,10 @@ def test_a_rank_that_raises_stops_the_world_with_one_line(tmp_path: Path) -> Non
     )
     assert "Traceback" not in result.output  # no wall of tracebacks on the console...
     assert "[rank 0] stopped: another rank failed or stopped answering" in result.stdout
+    assert "failed:" not in result.stdout  # the failure once, in the launcher's line
     rank1_log = (tmp_path / "logs" / "rank1.log").read_text()
     assert "Traceback" in rank1_log and "injected failure" in rank1_log  # ...it is in the log
+    assert "[rank 1] failed: the model's forward (RaisingMLP) raised" in rank1_log
 
 
 @pytest.mark.timeout(120)

@@ -119,10 +119,10 @@ def test_rollback_returns_before_the_spike_and_skips_exactly_the_window(
 ) -> None:
     run = poisoned["rollback"]
     events = read_events(run)
-    # Each epoch: batch 17 spikes at its step 17, back to step 16; batch 18, trained as step 17
-    # next, spikes, back to 16 again. A rolled-back epoch has 32 steps.
+    # Each epoch: batch 17 spikes at its step 17, back to step 16; batch 18, tried on the
+    # checkpoint's weights, would spike too: skipped with it. A rolled-back epoch has 32 steps.
     assert [(e["step"], e["rollback_to"], e["epoch"]) for e in events] == [
-        (17, 16, 0), (17, 16, 0), (49, 48, 1), (49, 48, 1)
+        (17, 16, 0), (49, 48, 1)
     ]  # fmt: skip
     for epoch in range(2):
         ranges = [e["skipped"] for e in events if e["epoch"] == epoch]
@@ -141,7 +141,29 @@ def test_rollback_returns_before_the_spike_and_skips_exactly_the_window(
     acc = EventAccumulator(str(world), size_guidance={"tensors": 0})
     acc.Reload()
     texts = [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("monitor/events")]
-    assert len(texts) == 4 and "rolled back to step 16" in texts[0]
+    assert len(texts) == 2 and "rolled back to step 16" in texts[0]
+
+
+# Ten consecutive poisoned global batches (33 to 42 of 64: samples 2048 to 2687), the monitor at
+# its defaults but for the reaction: one rollback to step 32 gets past the whole region.
+REGION = [*CONF, "dataset=poisoned", "dataset.num_samples=4096", "dataset.poison_start=2048",
+          "dataset.poison_end=2688", "trainer.epochs=1", "checkpoint.every_n_steps=16"]  # fmt: skip
+
+
+def test_one_rollback_gets_past_a_region_of_ten_bad_batches(tmp_path: Path) -> None:
+    """The spike's batch is skipped by the rollback; the nine after it, tried on the
+    checkpoint's weights, would spike too and are skipped with it; the run then trains as the
+    run that never saw the region."""
+    run_here(tmp_path / "rollback", *REGION, "monitor.loss_spike.action=rollback")
+    run_here(tmp_path / "dropped", *REGION, "dataset.poison=drop")
+    events = read_events(tmp_path / "rollback")
+    assert [(e["step"], e["action"], e["rollback_to"], e["skipped"], e["skipped_samples"])
+            for e in events] == [(33, "rollback", 32, [2048, 2688], 640)]  # fmt: skip
+    rolled, dropped = _metrics(tmp_path / "rollback"), _metrics(tmp_path / "dropped")
+    assert rolled["steps"] == dropped["steps"] == 64 - 10
+    assert rolled["final_loss"] == pytest.approx(dropped["final_loss"], rel=0.01)
+    diff = max_abs_diff(load_weights(tmp_path / "rollback"), load_weights(tmp_path / "dropped"))
+    assert diff < 1e-6
 
 
 def test_the_sweep_counts_each_jobs_events_and_diagnostics_reach_tensorboard(
@@ -149,7 +171,7 @@ def test_the_sweep_counts_each_jobs_events_and_diagnostics_reach_tensorboard(
 ) -> None:
     rows = {row["overrides"].split("=")[-1]: row for row in summary(poisoned["sweep"])}
     assert {name: int(row["events"]) for name, row in rows.items()} == {
-        "off": 0, "warn": 4, "skip": 4, "rollback": 4
+        "off": 0, "warn": 4, "skip": 4, "rollback": 2
     }  # fmt: skip
     world = job_tb(poisoned["sweep"], 0) / "world"
     norms = _scalars(world, "grads/0/norm")
@@ -166,7 +188,7 @@ def test_a_rollback_killed_on_2_ranks_resumes_to_the_weights_of_the_run_not_kill
     assert max_abs_diff(load_weights(killed), load_weights(full)) < 1e-6
     # The log follows the run's line: the replayed rollback is written once.
     assert _events(killed) == _events(full)
-    assert len(read_events(full)) == 2
+    assert len(read_events(full)) == 1
     [aside] = killed.glob("events.abandoned-*.jsonl")
     assert len(aside.read_text().splitlines()) == 1
 
@@ -235,7 +257,8 @@ def test_stop_checkpoints_and_ends_with_exit_1(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "why"),
     [
-        (["monitor.max_rollbacks=1"], "monitor.max_rollbacks=1 reached"),
+        # one rollback gets past the whole window (2 batches): none allowed at all
+        (["monitor.max_rollbacks=0"], "monitor.max_rollbacks=0 reached"),
         (["checkpoint.every_n_steps=null"],
          "no checkpoint of this run before step 17 to return to (set checkpoint.every_n_steps)"),
     ],

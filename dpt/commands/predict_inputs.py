@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpt.data.folder_layout import images_under
-from dpt.errors import DptError
+from dpt.errors import DptError, first_line, torch_load_reason
 
 if TYPE_CHECKING:
     import torch
@@ -92,7 +92,7 @@ def read_inputs(path: Path, input_shape: Sequence[int]) -> torch.Tensor:
         try:
             inputs = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
-            message = f"{path} is not a tensor file torch.load reads: {first_line(error)}"
+            message = f"{path} is not a tensor file torch.load reads: {torch_load_reason(error)}"
             raise DptError(message) from error
         if not isinstance(inputs, torch.Tensor):
             raise DptError(
@@ -163,10 +163,3 @@ def _read_csv(path: Path, input_shape: Sequence[int]) -> torch.Tensor:
 def _shape_text(shape: Sequence[Any]) -> str:
     """`(5, 7)`, `(N, 10)`, `(3,)`."""
     return f"({', '.join(str(n) for n in shape)}{',' if len(shape) == 1 else ''})"
-
-
-def first_line(error: BaseException) -> str:
-    """An error's first line (its type where it says nothing): torch's and numpy's messages
-    run on for lines. dpt.commands.run_model reports the weights' errors with it too."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

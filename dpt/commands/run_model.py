@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpt.commands.predict_inputs import first_line
-from dpt.errors import DptError, one_line
+from dpt.errors import DptError, first_line, one_line, torch_load_reason
 from dpt.state.results import BEST_MODEL, DATA_FILE, LAST_MODEL, RunData, read_run_data
 
 if TYPE_CHECKING:
@@ -274,7 +273,9 @@ def load_state(model: nn.Module, path: Path) -> None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
-        raise DptError(f"{path} is not a loadable state_dict: {first_line(error)}") from error
+        raise DptError(
+            f"{path} is not a loadable state_dict: {torch_load_reason(error)}"
+        ) from error
     try:
         model.load_state_dict(state)
     except (RuntimeError, TypeError, AttributeError) as error:

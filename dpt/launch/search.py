@@ -21,7 +21,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from dpt.errors import Abort, ConfigError, DptError
+from dpt.errors import Abort, ConfigError, DptError, first_line
 from dpt.launch import objective, search_space
 
 RESULTS = "optimization_results.yaml"  # as hydra-optuna-sweeper writes it
@@ -96,11 +96,19 @@ class Search:
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # dpt says what matters
         storage = self.storage or f"sqlite:///{self.sweep_dir.resolve() / 'optuna.db'}"
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        existing = _trials_in(storage, self.study_name)
-        study = optuna.create_study(
-            storage=storage, study_name=self.study_name, direction=self.direction,
-            sampler=self._sampler(existing), load_if_exists=True,
-        )  # fmt: skip
+        try:
+            existing = _trials_in(storage, self.study_name)
+            study = optuna.create_study(
+                storage=storage, study_name=self.study_name, direction=self.direction,
+                sampler=self._sampler(existing), load_if_exists=True,
+            )  # fmt: skip
+        except Exception as error:
+            if not _is_database_error(error):
+                raise
+            raise DptError(
+                f"the study's storage {storage} cannot be read ({_database_reason(error)}): move "
+                "it aside to start the study afresh, or name another with hydra.sweeper.storage"
+            ) from error
         done = len(finished(study))
         print(f"[sweep] study {study.study_name} in {storage}: {done} of {self.n_trials} trials "
               "done", flush=True)  # fmt: skip
@@ -193,6 +201,17 @@ def _failure(status: JobStatus, value: Any) -> str | None:
     if not isinstance(value, int | float) or not math.isfinite(value):
         return f"objective {value} (diverged, or no value to report)"
     return None
+
+
+def _is_database_error(error: BaseException) -> bool:
+    """SQLAlchemy's errors (a damaged or foreign file where the study should be)."""
+    return any(c.__module__.startswith("sqlalchemy") for c in type(error).__mro__)
+
+
+def _database_reason(error: BaseException) -> str:
+    """`(sqlite3.DatabaseError) file is not a database [SQL: ...]` -> `file is not a database`."""
+    line = first_line(error)
+    return line.split(") ", 1)[1] if line.startswith("(") and ") " in line else line
 
 
 def _trials_in(storage: str, study_name: str | None) -> int:

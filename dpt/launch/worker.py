@@ -24,6 +24,7 @@ from dpt.distributed import (
 )
 from dpt.errors import DptError, could_not_write, is_disk_full, one_line
 from dpt.launch import allocator, collector, objective, run_lock
+from dpt.launch.parent_death import LAUNCHER_PID
 from dpt.launch.rank_failure import describe
 from dpt.loop import resume_apply
 from dpt.loop.interrupt import Interrupted
@@ -124,7 +125,10 @@ def _exit_reporting(error: Exception, timeout_s: float, roll_call: RollCall) -> 
         log.info(one_line(error))  # a requested stop, not a failure
     else:
         reported = error if isinstance(error, DptError) else DptError(describe(error))
-        log.error(f"failed: {one_line(reported)}")
+        # Under dpt's own launcher its `Error:` line names the rank, the cause and this log: the
+        # rank's own line goes to its log only (else every failing rank echoes it).
+        says = logging.getLogger(TRACE_LOGGER_NAME) if os.environ.get(LAUNCHER_PID) else log
+        says.error(f"failed: {one_line(reported)}")
     logging.getLogger(TRACE_LOGGER_NAME).error("traceback", exc_info=error)
     if peer:
         # Only a consequence of another rank's failure: let that rank's exit be seen first, so

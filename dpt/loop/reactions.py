@@ -90,6 +90,9 @@ def roll_back(trainer: LoopState, events: list[Event], event: Event) -> None:
     resume_apply.after_load(trainer, changes)
     start = trainer.position.sample if trainer.position.epoch == epoch else 0
     trainer.position.epoch, trainer.position.sample = epoch, end
+    if event.detector == "loss_spike":  # a bad region: the batches after the spike's too
+        skip_bad_region(trainer)
+        end = trainer.position.sample
     history.rollbacks += 1
     event.rollback_to, event.skipped = target.step, [start, end]
     event.skipped_samples = history.skip(epoch, start, end)
@@ -100,6 +103,40 @@ def roll_back(trainer: LoopState, events: list[Event], event: Event) -> None:
         name_nonfinite(trainer, event)
     _record(trainer, events)
     raise RolledBack
+
+
+def skip_bad_region(trainer: LoopState) -> None:
+    """Move the data position past every batch that would spike again: each next global batch
+    is tried on the checkpoint's weights (a forward, no update) and skipped while the loss
+    detector fires on the world's loss of it, so a region of bad batches longer than one costs
+    one rollback. The first batch it does not fire on is trained, as it would have been."""
+    detector = trainer.monitor.spikes["loss_spike"]
+    model = unwrap(trainer.parts.strategy.whole_model(trainer.model))
+    with _kept_state(model), torch.no_grad():
+        while trainer.steps_left() > 0:
+            loss = _world_loss(trainer, model)
+            if not detector.fires(loss):
+                return
+            trainer.position.sample += trainer.global_batch
+
+
+def _world_loss(trainer: LoopState, model: nn.Module) -> float:
+    """The world's mean loss of the global batch at the data position (all ranks together)."""
+    loaders, position = trainer.parts.loaders, trainer.position
+    share = trainer.parts.env.rank % loaders.world_size  # a pipeline's ranks: their replica's
+    total, count = 0.0, 0
+    for inputs, targets, _ in loaders.step_batches(
+        position.epoch, position.sample, trainer.settings.grad_accum_steps, share
+    ):
+        inputs, targets = trainer.parts.to_device(inputs), trainer.parts.to_device(targets)
+        with trainer.precision.autocast():  # every rank's forwards, also of an empty batch (fsdp)
+            outputs = model(inputs)
+            if len(targets):
+                loss = float(trainer.parts.task.loss(outputs, targets))  # waits: a rare probe
+                total, count = total + loss * len(targets), count + len(targets)
+    rows = all_gather_floats([total, float(count)], trainer.parts.env)
+    samples = sum(row[1] for row in rows)
+    return sum(row[0] for row in rows) / samples if samples else 0.0
 
 
 def _rolled_back_parts(trainer: LoopState) -> dict[str, object]:

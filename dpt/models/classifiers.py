@@ -13,7 +13,7 @@ import torchvision
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from dpt.errors import ConfigError, DptError
+from dpt.errors import ConfigError, DptError, first_line
 from dpt.models.meta import meta_forward
 from dpt.models.weights import load_weights
 
@@ -117,7 +117,7 @@ def _build(name: str, num_classes: int, options: dict[str, Any]) -> nn.Module:
     except (TypeError, ValueError, AssertionError, RuntimeError) as error:
         raise DptError(
             f"model=torchvision ({name}): torchvision cannot build it with "
-            f"model.options={options} ({_first_line(error)})"
+            f"model.options={options} ({first_line(error)})"
         ) from error
 
 
@@ -133,7 +133,7 @@ def _check_takes(model: nn.Module, label: str, input_shape: tuple[int, ...]) -> 
     except (RuntimeError, AssertionError, ValueError) as error:
         raise DptError(
             f"model={label} does not take the dataset's images of shape {input_shape}: "
-            f"{_first_line(error)}{_size_hint(model, input_shape)}"
+            f"{first_line(error)}{_size_hint(model, input_shape)}"
         ) from error
 
 
@@ -148,8 +148,3 @@ def _size_hint(model: nn.Module, input_shape: tuple[int, ...]) -> str:
     if input_shape[0] != 3:
         return " (torchvision's models take 3-channel images)"
     return " (larger images may fit)"
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__

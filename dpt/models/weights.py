@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpt.errors import DptError
+from dpt.errors import DptError, torch_load_reason
 
 
 def load_weights(model: nn.Module, path: Path, label: str, num_classes: int) -> None:
@@ -39,7 +39,8 @@ def _read(path: Path) -> dict[str, torch.Tensor]:
     try:
         state: Any = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise DptError(f"model.weights={path}: not a loadable state_dict ({error})") from error
+        reason = torch_load_reason(error)
+        raise DptError(f"model.weights={path}: not a loadable state_dict: {reason}") from error
     # A training checkpoint wraps the model's state_dict as {"model": ..., ...}.
     state = state.get("model", state) if isinstance(state, dict) else state
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):

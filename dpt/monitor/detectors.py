@@ -115,6 +115,11 @@ class SpikeDetector:
         self.name, self.threshold = name, threshold
         self.level = RobustLevel(window, warmup)
 
+    def fires(self, value: float) -> bool:
+        """Whether `value` would alarm (a non-finite one too), without keeping it."""
+        level = self.level
+        return not math.isfinite(value) or (level.ready and level.score(value) > self.threshold)
+
     def check(self, value: float) -> Alarm | None:
         if not math.isfinite(value):
             return None

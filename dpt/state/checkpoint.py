@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from dpt.distributed import DistEnv, broadcast_object
-from dpt.errors import DptError
+from dpt.errors import DptError, first_line
 from dpt.state import resume_config
 from dpt.state.history import earlier_work
 from dpt.state.resume_config import Change
@@ -161,7 +161,7 @@ def _write_failure(error: BaseException, folder: Path) -> str:
         stat = os.statvfs(folder)
         if stat.f_bavail * stat.f_frsize < 64 * 1024:
             return "no space left on device"
-    return _first_line(error)
+    return first_line(error)
 
 
 def _fsync(path: Path) -> None:
@@ -249,7 +249,7 @@ def stored_keys(path: Path) -> set[str]:
         return set(_dcp().FileSystemReader(path).read_metadata().state_dict_metadata)
     except Exception as error:  # missing or cut-off `.metadata`, bad pickle: unusable alike
         raise CheckpointError(
-            f"checkpoint {path} is unreadable (cut off or corrupt): {_first_line(error)}"
+            f"checkpoint {path} is unreadable (cut off or corrupt): {first_line(error)}"
         ) from error
 
 
@@ -302,7 +302,7 @@ def load(path: Path, parts: dict[str, Any]) -> int:
             part.load_state_dict(states[name])
         except (RuntimeError, ValueError, KeyError) as error:  # e.g. another optimizer
             raise CheckpointError(
-                f"checkpoint {path} does not fit this {name}: {_first_line(error)[:300]}"
+                f"checkpoint {path} does not fit this {name}: {first_line(error)[:300]}"
             ) from error
     return step
 
@@ -315,11 +315,11 @@ def _load_failure(path: Path, failed: CheckpointException) -> CheckpointError:
     part = _PART_IN_MESSAGE.search(str(error))  # a key missing, a tensor of another shape
     if isinstance(error, ValueError | RuntimeError) and part and "Size mismatch" in str(error):
         return CheckpointError(
-            f"checkpoint {path} does not fit this {part.group(1)}: {_first_line(error)[:300]}"
+            f"checkpoint {path} does not fit this {part.group(1)}: {first_line(error)[:300]}"
         )
     if part and "Missing key" in str(error):
-        return CheckpointError(f"checkpoint {path} lacks {part.group(1)}: {_first_line(error)}")
-    first = _first_line(error).split(". ")[0]  # DCP's reader errors run on for lines
+        return CheckpointError(f"checkpoint {path} lacks {part.group(1)}: {first_line(error)}")
+    first = first_line(error).split(". ")[0]  # DCP's reader errors run on for lines
     return CheckpointError(f"checkpoint {path} is unreadable (cut off or corrupt): {first[:300]}")
 
 
@@ -571,8 +571,3 @@ class Checkpoints:
                 f"moved {len(newer)} {which}checkpoint(s) ({names}) aside to {aside}: this run "
                 f"continues from step {step}, and checkpoint.resume=auto follows it"
             )
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
