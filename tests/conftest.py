@@ -39,8 +39,8 @@ def _dpt_logger_put_back() -> Iterator[None]:
 
 
 # The files that take longest (measured with --durations), started first: the two workers take
-# files in collection order, one whole file at a time (--dist loadfile), so a long file left for
-# last keeps one worker busy while the other has nothing left to do.
+# files in collection order (--no-loadscope-reorder), one whole file at a time (--dist loadfile),
+# so a long file left for last keeps one worker busy while the other has nothing left to do.
 LONGEST_FIRST = (
     "test_language_model_learns.py",  # one 6,000-step run: about 2 minutes
     "test_readme.py",
