@@ -41,12 +41,15 @@ def _dpt_logger_put_back() -> Iterator[None]:
 # The files that take longest (measured with --durations), started first: the two workers take
 # files in collection order (--no-loadscope-reorder), one whole file at a time (--dist loadfile),
 # so a long file left for last keeps one worker busy while the other has nothing left to do.
+# Beside the learning test (two ranks busy for minutes) the other worker first runs the files
+# that mostly wait (for a timeout, a pulled link, SLURM's scheduler): the cores stay busy.
 LONGEST_FIRST = (
     "test_language_model_learns.py",  # one 6,000-step run: about 2 minutes
-    "test_readme.py",
+    "test_faults.py",
+    "test_network.py",
     "test_slurm.py",
     "test_soak.py",
-    "test_faults.py",
+    "test_readme.py",
     "test_monitor_runs.py",
     "test_pipeline_runs.py",
     "test_task_readme.py",

@@ -488,11 +488,13 @@ def _pipeline_parallel() -> dict[str, Any]:
 def test_pipeline_parallel_alone_replaces_only_its_part(tmp_path: Path) -> None:
     from benchmarks.report import document
 
-    path = document.write(tmp_path, _results(), META)
-    whole = path.read_text()
+    path = tmp_path / document.REPORT  # a report without its part (the whole one: above)
+    path.write_text("# Performance\n\nthe rest, as it was\n")
     document.write_marked(tmp_path, _pipeline_parallel())
     text = path.read_text()
-    assert text.startswith(whole.rstrip("\n") + "\n\n<!-- bench_pipeline_parallel -->\n## 13.")
+    assert text.startswith(
+        "# Performance\n\nthe rest, as it was\n\n<!-- bench_pipeline_parallel -->\n## 13."
+    )
     # ms per step, its paired ratio to one process, each stage's bubble, the formula's
     assert "| gpipe | 1 | 410.0 (400.0-420.0) | 1.02 (1.00-1.05) | 0.51 (0.50-0.52) |" in text
     assert "| gpipe | 4 | 290.0 (280.0-300.0) | 0.72 (0.70-0.75) | 0.18 (0.18-0.19) | " \

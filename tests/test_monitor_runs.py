@@ -144,10 +144,12 @@ def test_rollback_returns_before_the_spike_and_skips_exactly_the_window(
     assert len(texts) == 2 and "rolled back to step 16" in texts[0]
 
 
-# Ten consecutive poisoned global batches (33 to 42 of 64: samples 2048 to 2687), the monitor at
-# its defaults but for the reaction: one rollback to step 32 gets past the whole region.
-REGION = [*CONF, "dataset=poisoned", "dataset.num_samples=4096", "dataset.poison_start=2048",
-          "dataset.poison_end=2688", "trainer.epochs=1", "checkpoint.every_n_steps=16"]  # fmt: skip
+# Ten consecutive poisoned global batches (25 to 34 of 40: samples 1536 to 2175), the monitor at
+# its defaults (judging from step 21) but for the reaction: one rollback to step 24 gets past the
+# whole region.
+REGION = [*CONF, "dataset=poisoned", "dataset.num_samples=2560", "dataset.poison_start=1536",
+          "dataset.poison_end=2176", "trainer.epochs=1", "checkpoint.every_n_steps=8",
+          "trainer.log_every_n_steps=5"]  # fmt: skip
 
 
 def test_one_rollback_gets_past_a_region_of_ten_bad_batches(tmp_path: Path) -> None:
@@ -158,9 +160,9 @@ def test_one_rollback_gets_past_a_region_of_ten_bad_batches(tmp_path: Path) -> N
     run_here(tmp_path / "dropped", *REGION, "dataset.poison=drop")
     events = read_events(tmp_path / "rollback")
     assert [(e["step"], e["action"], e["rollback_to"], e["skipped"], e["skipped_samples"])
-            for e in events] == [(33, "rollback", 32, [2048, 2688], 640)]  # fmt: skip
+            for e in events] == [(25, "rollback", 24, [1536, 2176], 640)]  # fmt: skip
     rolled, dropped = _metrics(tmp_path / "rollback"), _metrics(tmp_path / "dropped")
-    assert rolled["steps"] == dropped["steps"] == 64 - 10
+    assert rolled["steps"] == dropped["steps"] == 40 - 10
     assert rolled["final_loss"] == pytest.approx(dropped["final_loss"], rel=0.01)
     diff = max_abs_diff(load_weights(tmp_path / "rollback"), load_weights(tmp_path / "dropped"))
     assert diff < 1e-6

@@ -176,13 +176,15 @@ def write_token_shards(
     """Each role's windows of `block_size + 1` token ids (window i starts at id i x
     block_size, as dataset=text reads them) as shards of `<key>.tokens` members, and an index
     saying so (kind, block size, dtype, vocabulary, tokenizer: its file beside the index)."""
+    from dpt.data.text import window, window_count  # torch: only for text, not for images
+
     out.mkdir(parents=True, exist_ok=True)
     written = {}
     for role, ids in parts.items():
         dtype = np.dtype(ids.dtype).newbyteorder("<")
-        samples = ((f"{i:08d}", [(TOKEN_MEMBER, ids[i * block_size : (i + 1) * block_size + 1]
-                                  .astype(dtype).tobytes())])
-                   for i in range((len(ids) - 1) // block_size))  # fmt: skip
+        samples = ((f"{i:08d}", [(TOKEN_MEMBER, ids[window(i, block_size)].astype(dtype)
+                                  .tobytes())])
+                   for i in range(window_count(len(ids), block_size)))  # fmt: skip
         shards = _write_samples(out, role, samples, shard_bytes)
         _write_json(out / f"{role}.json", _descriptor(role, shards, []))
         written[role] = shards

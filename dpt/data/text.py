@@ -40,6 +40,17 @@ SUFFIX = ".txt"
 CHUNK = 1 << 20  # bytes read at a time while hashing
 
 
+def window_count(tokens: int, block_size: int) -> int:
+    """How many windows of `block_size + 1` tokens a text of `tokens` holds: window i starts at
+    token i x block_size (windows share one token: the last target is the next first input)."""
+    return (tokens - 1) // block_size
+
+
+def window(i: int, block_size: int) -> slice:
+    """Window i's tokens (dataset=text and dpt-shards' token shards cut the same ones)."""
+    return slice(i * block_size, (i + 1) * block_size + 1)
+
+
 class TokenWindows(Dataset):
     """Windows of `block_size + 1` tokens of one token file: item i is (tokens[i*T : i*T + T],
     tokens[i*T + 1 : i*T + T + 1]) as int64, T = block_size. A batch is fetched in one indexing
@@ -50,7 +61,7 @@ class TokenWindows(Dataset):
         self.tokens = _open(path, dtype, count)
 
     def __len__(self) -> int:
-        return (self.count - 1) // self.block_size
+        return window_count(self.count, self.block_size)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.__getitems__([index])
