@@ -14,6 +14,7 @@ docs/performance.md sits between two markers (benchmarks/report/pipeline_paralle
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import time
@@ -103,8 +104,6 @@ def _rank(
     env: DistEnv, tmp: Path, schedule: str, m: int, warmup: int, steps: int,
     shape: dict[str, int] = SHAPE,
 ) -> Any:  # fmt: skip
-    import contextlib
-
     strategy = Pipeline(STAGES, schedule, m, 1, None, "none")
     model = strategy.wrap(_model(shape), env, "32")
     strategy.attach(_loss, contextlib.nullcontext, lambda t: t, grad_accum_steps=1)

@@ -92,6 +92,7 @@ class Search:
 
     def _study(self) -> Any:
         import optuna
+        from sqlalchemy.exc import SQLAlchemyError  # Optuna's storage underneath
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # dpt says what matters
         storage = self.storage or f"sqlite:///{self.sweep_dir.resolve() / 'optuna.db'}"
@@ -102,9 +103,7 @@ class Search:
                 storage=storage, study_name=self.study_name, direction=self.direction,
                 sampler=self._sampler(existing), load_if_exists=True,
             )  # fmt: skip
-        except Exception as error:
-            if not _is_database_error(error):
-                raise
+        except SQLAlchemyError as error:  # a damaged or foreign file where the study should be
             raise DptError(
                 f"the study's storage {storage} cannot be read ({_database_reason(error)}): move "
                 "it aside to start the study afresh, or name another with hydra.sweeper.storage"
@@ -201,11 +200,6 @@ def _failure(status: JobStatus, value: Any) -> str | None:
     if not isinstance(value, int | float) or not math.isfinite(value):
         return f"objective {value} (diverged, or no value to report)"
     return None
-
-
-def _is_database_error(error: BaseException) -> bool:
-    """SQLAlchemy's errors (a damaged or foreign file where the study should be)."""
-    return any(c.__module__.startswith("sqlalchemy") for c in type(error).__mro__)
 
 
 def _database_reason(error: BaseException) -> str:

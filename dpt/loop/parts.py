@@ -186,22 +186,19 @@ def probe_fit(groups: DictConfig, seed: int) -> None:
     seed_everything(seed)
     data, _ = build_data(groups.dataset, seed)
     task = build_data_task(groups.task, data)
-    task.check(_meta_output(groups.model, data, task))
-    if "strategy" in groups:  # whether the model cuts into its stages (strategy=pipeline)
-        with torch.device("meta"):
-            model = build_model(groups.model, data.input_shape, task.num_outputs)
+    model = _meta_model(groups.model, data, task)
+    task.check(None if model is None else output_shape(model, data.input_shape, input_dtype(data)))
+    if model is not None and "strategy" in groups:  # does it cut into its stages (pipeline)?
         build(groups.strategy).check(model)
 
 
-def _meta_output(node: DictConfig, data: DataModule, task: Task) -> Any:
-    """The model's output shape per sample, built on the meta device; None where it cannot be
-    had there."""
+def _meta_model(node: DictConfig, data: DataModule, task: Task) -> nn.Module | None:
+    """The model built on the meta device; None where it cannot be built there."""
     try:
         with torch.device("meta"):
-            model = build_model(node, data.input_shape, task.num_outputs)
+            return build_model(node, data.input_shape, task.num_outputs)
     except Exception:  # the rank builds it again, and reports what fails in its one line
         return None
-    return output_shape(model, data.input_shape, input_dtype(data))
 
 
 def run_files(data: DataModule) -> dict[str, bytes]:

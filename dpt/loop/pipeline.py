@@ -1,6 +1,7 @@
 """Pipeline parallelism (`strategy=pipeline`): the model cut into stages on different ranks,
 micro-batches streamed through them by one of torch.distributed.pipelining's schedules; with
-`strategy.data_parallel=ddp`, replicas of the whole pipeline on a 2-D mesh (pipeline x data).
+`strategy.data_parallel=ddp` or `fsdp`, replicas of the whole pipeline on a 2-D mesh
+(pipeline x data).
 
 Ranks are laid out as torchtitan lays them: the pipeline dimension outermost (rank = stage
 position x replicas + replica), so a pipeline's stages sit on different machines and the
@@ -25,7 +26,7 @@ from torch import nn
 
 from dpt.distributed import DistEnv, is_dtensor, local_part
 from dpt.errors import DptError
-from dpt.loop.strategy import Strategy
+from dpt.loop.strategy import Strategy, fsdp_precision, shard_by_blocks
 from dpt.models import stages as cut
 from dpt.models.blocks import blocks
 from dpt.models.sync_batchnorm import has_batchnorm
@@ -67,7 +68,7 @@ class Pipeline(Strategy):
         if replicas > 1 and self.data_parallel == "none":
             raise DptError(
                 f"strategy.stages={self.stages} on {world_size} ranks makes {replicas} copies "
-                "of the pipeline: set strategy.data_parallel=ddp to train them as one"
+                "of the pipeline: set strategy.data_parallel=ddp or fsdp to train them as one"
             )
         return replicas
 
@@ -91,6 +92,7 @@ class Pipeline(Strategy):
             raise DptError("strategy=pipeline needs a process per stage: launch it on "
                            f"{self.stages} or more ranks")  # fmt: skip
         self.position, self.replica = divmod(env.rank, replicas)
+        self.replica_count = replicas
         mesh = init_device_mesh(env.device.type, (self.stages, replicas),
                                 mesh_dim_names=("pp", "dp"))  # fmt: skip
         self.pp_group = mesh.get_group("pp")
@@ -127,22 +129,16 @@ class Pipeline(Strategy):
         """` | stage 1 of 2 (embed-h.1), replica 1 of 1 | 1f1b x 4 micro-batches`."""
         total = self.stages * self.stages_per_rank
         held = ", ".join(f"{s + 1} of {total} ({_span(units)})" for s, units in self.held)
-        replicas = dist.get_world_size() // self.stages
-        return (f" | stage {held}, replica {self.replica + 1} of {replicas} | "
+        return (f" | stage {held}, replica {self.replica + 1} of {self.replica_count} | "
                 f"{self.schedule_name} x {self.microbatches} micro-batches")  # fmt: skip
 
     def _replicated(self, view: nn.Module, dp: Any, env: DistEnv, precision: str) -> nn.Module:
         """A stage trained by its replicas together: ddp all-reduces its gradients; fsdp
         shards it over them, each block one unit (gathered for its forward and backward),
         then the stage's other parameters (a GPT's embedding or head)."""
-        if self.data_parallel == "fsdp":
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-            dtype = torch.bfloat16 if precision == "bf16-mixed" else None
-            options = {"mesh": dp, "mp_policy": MixedPrecisionPolicy(param_dtype=dtype)}
-            for block in blocks_of(view):
-                fully_shard(block, **options)
-            fully_shard(view, **options)
+        if self.data_parallel == "fsdp":  # as strategy=fsdp shards, at its default reduce_dtype
+            options = {"mesh": dp, "mp_policy": fsdp_precision(precision, torch.float32)}
+            shard_by_blocks(view, blocks_of(view), options)
             return view
         gpu = [env.device.index] if env.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(view, process_group=dp.get_group(),
@@ -224,8 +220,11 @@ class Pipeline(Strategy):
             )
         work_s = time.perf_counter() - step_start
         self._sum_ties()
-        loss = torch.stack(losses).sum().detach() if self.last else torch.zeros(
-            (), device=inputs[0][0].device if inputs else self._device())  # fmt: skip
+        loss = (
+            torch.stack(losses).sum().detach()
+            if self.last
+            else torch.zeros((), device=self._device())
+        )
         dist.broadcast(loss, group=self.pp_group, group_src=self.stages - 1)
         return loss, work_s
 
@@ -250,7 +249,7 @@ class Pipeline(Strategy):
                    else torch.zeros((), device=self._device()))  # fmt: skip
         # fsdp: the replicas hold other rows of a stage, so the world's squares sum to the
         # norm; ddp: the replicas hold the same gradients, so one replica's stages' do.
-        sharded = self.data_parallel == "fsdp" and self.copies < dist.get_world_size()
+        sharded = self.data_parallel == "fsdp" and self.replica_count > 1
         dist.all_reduce(squares, group=None if sharded else self.pp_group)
         return squares.sqrt()
 

@@ -49,12 +49,9 @@ class Precision:
         if max_norm is None:
             return None
         self.unscale(optimizer)  # clip the true gradients, not the scaled ones
-        params = list(model.parameters())
-        if self.grad_norm is None:
-            return clip_by_global_norm(params, max_norm)
-        norm = self.grad_norm(model)  # every stage's squares: the same norm on every rank
-        nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-        return norm
+        # A strategy's own norm (a pipeline's: every stage's squares) is the same on every rank.
+        norm = self.grad_norm(model) if self.grad_norm is not None else None
+        return clip_by_global_norm(list(model.parameters()), max_norm, norm)
 
     def norm(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         """The gradients' norm, without clipping and without a collective: under fsdp this
@@ -96,14 +93,16 @@ class Precision:
         self._unscaled = False
 
 
-def clip_by_global_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Scale the gradients so that their norm over the whole model is at most `max_norm`;
-    returns that norm before clipping. Under fsdp each rank holds shards of the gradients
-    (DTensors): their norm is a partial one until summed over the ranks (`full_tensor`), and
-    every rank must clip by the same, global, norm."""
-    grads = [p.grad for p in params if p.grad is not None]
-    norm = nn.utils.get_total_norm(grads)
-    if is_dtensor(norm):
-        norm = norm.full_tensor()
+def clip_by_global_norm(
+    params: list[nn.Parameter], max_norm: float, norm: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Scale the gradients so that their norm over the whole model (`norm`, where the strategy
+    computed it) is at most `max_norm`; returns that norm before clipping. Under fsdp each rank
+    holds shards of the gradients (DTensors): their norm is a partial one until summed over the
+    ranks (`full_tensor`), and every rank must clip by the same, global, norm."""
+    if norm is None:
+        norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        if is_dtensor(norm):
+            norm = norm.full_tensor()
     nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm

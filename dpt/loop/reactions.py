@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -122,11 +122,10 @@ def skip_bad_region(trainer: LoopState) -> None:
 
 def _world_loss(trainer: LoopState, model: nn.Module) -> float:
     """The world's mean loss of the global batch at the data position (all ranks together)."""
-    loaders, position = trainer.parts.loaders, trainer.position
-    share = trainer.parts.env.rank % loaders.world_size  # a pipeline's ranks: their replica's
+    position = trainer.position
     total, count = 0.0, 0
-    for inputs, targets, _ in loaders.step_batches(
-        position.epoch, position.sample, trainer.settings.grad_accum_steps, share
+    for inputs, targets, _ in _step_batches(
+        trainer, position.epoch, position.sample, trainer.parts.env.rank
     ):
         inputs, targets = trainer.parts.to_device(inputs), trainer.parts.to_device(targets)
         with trainer.precision.autocast():  # every rank's forwards, also of an empty batch (fsdp)
@@ -137,6 +136,14 @@ def _world_loss(trainer: LoopState, model: nn.Module) -> float:
     rows = all_gather_floats([total, float(count)], trainer.parts.env)
     samples = sum(row[1] for row in rows)
     return sum(row[0] for row in rows) / samples if samples else 0.0
+
+
+def _step_batches(trainer: LoopState, epoch: int, sample: int, rank: int) -> list[Any]:
+    """Rank `rank`'s share of the step at (epoch, sample), fetched again; a pipeline's ranks
+    read their replica's (rank % replicas, as its `data_env` places them)."""
+    loaders = trainer.parts.loaders
+    accum = trainer.settings.grad_accum_steps
+    return loaders.step_batches(epoch, sample, accum, rank % loaders.world_size)
 
 
 def _rolled_back_parts(trainer: LoopState) -> dict[str, object]:
@@ -192,12 +199,7 @@ def name_nonfinite(trainer: LoopState, event: Event) -> None:
                       "trainer.on_nonfinite=skip names it at the step itself")  # fmt: skip
         return
     assert event.sample is not None
-    loaders = trainer.parts.loaders
-    # The rank's share of the step; a pipeline's ranks read their replica's (rank % replicas).
-    share = (event.rank or 0) % loaders.world_size
-    batches = loaders.step_batches(
-        event.epoch, event.sample, trainer.settings.grad_accum_steps, share
-    )
+    batches = _step_batches(trainer, event.epoch, event.sample, event.rank or 0)
     with _kept_state(model):
         for inputs, targets, _ in batches:
             inputs, targets = trainer.parts.to_device(inputs), trainer.parts.to_device(targets)

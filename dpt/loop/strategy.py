@@ -209,21 +209,15 @@ class FSDP(Strategy):
             # all-reduces inside them stay in step with the blocks' all-gathers.
             model = _sync_batchnorm(model, env)
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
         options: dict[str, Any] = {
             "mesh": init_device_mesh(env.device.type, (env.world_size,)),
             "reshard_after_forward": self.reshard_after_forward,
-            "mp_policy": self.mixed_precision(precision),
+            "mp_policy": fsdp_precision(precision, self.reduce_dtype),
             "offload_policy": CPUOffloadPolicy() if self._offloads(env) else OffloadPolicy(),
         }
-        if options["mp_policy"].param_dtype is not None:
-            _keep_batchnorm_fp32(model, options)
-        # Blocks first, then the root (whose own parameters are what no block holds): each
-        # block is one all-gather, freed again after use.
-        for block in blocks(model):
-            fully_shard(block, **options)
-        fully_shard(model, **options)
+        shard_by_blocks(model, blocks(model), options)
         return model
 
     def _offloads(self, env: DistEnv) -> bool:
@@ -235,12 +229,27 @@ class FSDP(Strategy):
             return False
         return self.cpu_offload
 
-    def mixed_precision(self, precision: str) -> Any:
-        """bf16-mixed: parameters gathered and computed in bf16, the fp32 shards updated."""
-        from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        param_dtype = torch.bfloat16 if precision == "bf16-mixed" else None
-        return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=self.reduce_dtype)
+def fsdp_precision(precision: str, reduce_dtype: torch.dtype) -> Any:
+    """bf16-mixed: parameters gathered and computed in bf16, the fp32 shards updated; the
+    gradients reduce-scattered in `reduce_dtype`."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    param_dtype = torch.bfloat16 if precision == "bf16-mixed" else None
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+
+def shard_by_blocks(model: nn.Module, units: list[nn.Module], options: dict[str, Any]) -> None:
+    """FSDP2 over `model`: each of its blocks `units` first, then the root (whose own parameters
+    are what no block holds): each block is one all-gather, freed again after use. BatchNorm
+    stays fp32 where the parameters are gathered in bf16."""
+    from torch.distributed.fsdp import fully_shard
+
+    if options["mp_policy"].param_dtype is not None:
+        _keep_batchnorm_fp32(model, options)
+    for block in units:
+        fully_shard(block, **options)
+    fully_shard(model, **options)
 
 
 def _sync_batchnorm(model: nn.Module, env: DistEnv) -> nn.Module:
