@@ -171,8 +171,8 @@ def shards_data(root: str, image_size: int, cache_dir: Path, limit_bytes: int) -
     fast)."""
     return ShardsData(
         root=root, image_size=image_size, num_workers=0, on_bad_image="error", shuffle_window=1,
-        cache_dir=str(cache_dir), cache_limit_gb=limit_bytes / 1e9, retries=0, timeout_s=30.0,
-        seed=0,
+        cache_dir=str(cache_dir), cache_limit_gb=limit_bytes / 1e9, retries=0, outage_s=0.0,
+        max_skipped_fraction=0.0, timeout_s=30.0, seed=0,
     )  # fmt: skip
 
 

@@ -246,7 +246,12 @@ class ShardsConfig:
     shuffle_window: int = MISSING  # samples shuffled together, after the shards' seeded order
     cache_dir: str | None = MISSING  # null: $XDG_CACHE_HOME/dpt/shards (~/.cache/dpt/shards)
     cache_limit_gb: float = MISSING
-    retries: int = MISSING  # tries after the first for a download that fails and may pass
+    retries: int = MISSING  # tries after the first for a transfer that comes damaged
+    # seconds a source that does not answer (refused, timed out, 5xx) is retried before the
+    # run stops with a checkpoint (the same command resumes)
+    outage_s: float = MISSING
+    # share of an epoch's samples that damaged shards may take before the run stops
+    max_skipped_fraction: float = MISSING
     timeout_s: float = MISSING
 
 

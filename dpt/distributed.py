@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from dpt.errors import DptError
-from dpt.rendezvous import is_loopback, loopback_store
+from dpt.rendezvous import attempt_store, is_loopback, loopback_store
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,10 @@ def init_process_group(env: DistEnv, timeout_s: float) -> None:
     kwargs: dict[str, Any] = {"backend": env.backend, "timeout": timeout}
     if env.device.type == "cuda":
         kwargs["device_id"] = env.device  # binds NCCL communicators eagerly to this GPU
-    if _hosts_a_local_store():
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # torchrun's agent: its store
+        store = attempt_store(env.rank, timeout)  # outlives a restart; one of this attempt's own
+        kwargs.update(store=store, rank=env.rank, world_size=env.world_size)
+    elif is_loopback(os.environ.get("MASTER_ADDR", "")):  # rank 0 hosts it, on loopback only
         port = int(os.environ["MASTER_PORT"])
         store = loopback_store(port, env.rank == 0, timeout, world_size=env.world_size)
         kwargs.update(store=store, rank=env.rank, world_size=env.world_size)
@@ -94,13 +97,6 @@ def init_process_group(env: DistEnv, timeout_s: float) -> None:
     # Small CPU-side agreements (stop signal, non-finite loss) go over Gloo, so that under NCCL
     # they never wait behind, or get ordered with, the gradient all-reduces on the GPU stream.
     _control_group = dist.new_group(backend="gloo") if env.backend == "nccl" else None
-
-
-def _hosts_a_local_store() -> bool:
-    """Rank 0 hosts the world's store (no elastic agent shares its own) for local ranks only."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        return False  # the agent's store is already listening; ranks are its clients
-    return is_loopback(os.environ.get("MASTER_ADDR", ""))
 
 
 _control_group: Any = None

@@ -160,7 +160,7 @@ def _unwrap_loader_error(text: str) -> str:
     found = loader_worker_error(text)
     if found is None:
         return text
-    return re.sub(r"^[\w.]+(Error|Exception): ", "", found[1])
+    return re.sub(r"^(\w+\.)*[A-Z]\w*: ", "", found[1])  # a class: ValueError, SourceUnreachable
 
 
 def _omegaconf_line(error: OmegaConfBaseException) -> str:

@@ -8,7 +8,9 @@ loopback (`master_listen_fd`), for the local launcher's rendezvous and for rank 
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
+import time
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -51,6 +53,69 @@ def loopback_store(
     return dist.TCPStore(
         "127.0.0.1", port, world_size, True, timeout, master_listen_fd=sock.detach()
     )
+
+
+# --- a store of each attempt's own, under a torchrun agent ----------------------------------------
+
+ATTEMPT_STORE_KEY = "dpt/attempt_store"  # in the agent's store: where this attempt's store listens
+STALE_RETRY_S = 1.0  # a port the previous attempt's rank 0 published: refused at once, read again
+
+
+def agent_store(timeout: timedelta) -> dist.TCPStore:
+    """A client of the store torchrun's agent serves at MASTER_ADDR:MASTER_PORT: one for the whole
+    job, its keys outliving every restart."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    return dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+
+
+def attempt_store(rank: int, timeout: timedelta) -> dist.TCPStore:
+    """A fresh store for this attempt of the world, hosted by its rank 0.
+
+    torchrun's agent shares its own store with the ranks and keeps it across restarts (and across
+    a change of members), with no key of the attempt's own: a restarted world would read the
+    previous attempt's Gloo addresses and fail ("connectFullMesh ... Connection refused"). So rank
+    0 hosts a new store and publishes its port in the agent's; the others connect to what it
+    publishes, reading again while what they find is the previous rank 0's (its process is gone,
+    so its port refuses). MASTER_PORT is then this store's, for whatever else connects to the
+    world (dpt.observe.rollcall)."""
+    agent = agent_store(timeout)
+    host = os.environ["MASTER_ADDR"]
+    if rank == 0:
+        store = (
+            loopback_store(0, True, timeout)
+            if is_loopback(host)
+            else dist.TCPStore(host, 0, None, True, timeout, wait_for_workers=False)
+        )
+        agent.set(ATTEMPT_STORE_KEY, f"{store.port} {os.getpid()}")
+    else:
+        store = _published_store(agent, host, timeout)
+    os.environ["MASTER_PORT"] = str(store.port)
+    return store
+
+
+def _published_store(agent: dist.TCPStore, host: str, timeout: timedelta) -> dist.TCPStore:
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        port = int(agent.get(ATTEMPT_STORE_KEY).split()[0])  # waits for the first attempt's
+        if _listening(host, port):
+            return dist.TCPStore(host, port, is_master=False, timeout=timeout,
+                                 wait_for_workers=False)  # fmt: skip
+        if time.monotonic() > deadline:
+            raise DptError(
+                f"no store of this world's rank 0 at {host}:{port} within "
+                f"{timeout.total_seconds():g} s (trainer.timeout_s)"
+            )
+        time.sleep(0.1)  # the previous attempt's port: this attempt's rank 0 publishes soon
+
+
+def _listening(host: str, port: int) -> bool:
+    """Whether something accepts connections at host:port (quietly: TCPStore's own client logs
+    each refused try with a C++ stack)."""
+    try:
+        socket.create_connection((host, port), timeout=STALE_RETRY_S).close()
+    except OSError:
+        return False
+    return True
 
 
 class _LoopbackBackend(C10dRendezvousBackend):

@@ -134,7 +134,19 @@ def run_until(
     """Start `train.py`, call `on_marker(proc, line)` on the first stdout line containing
     `marker` (e.g. to kill something), then wait for the end. Fails if the run ends first."""
     cmd = [sys.executable, str(TRAIN), *overrides, f"hydra.run.dir={run_dir}"]
-    proc = start(cmd, env)
+    return cmd_until(cmd, marker, on_marker, timeout, env)
+
+
+def cmd_until(
+    cmd: list[str],
+    marker: str,
+    on_marker: Callable[[subprocess.Popen[str], str], None],
+    timeout: float = 180,
+    env: dict[str, str] | None = None,
+    cwd: Path = REPO,
+) -> Result:
+    """`run_until` for any command (torchrun, ...), started in `cwd`."""
+    proc = start(cmd, env, cwd)
     timer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))
     timer.start()
     lines: list[str] = []

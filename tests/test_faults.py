@@ -18,11 +18,14 @@ import pytest
 import torch
 
 from tests.helpers import (
+    BIN,
     FAST,
     REPO,
+    TORCHRUN,
     TRAIN,
     Result,
     assert_no_leftovers,
+    cmd_until,
     committed_checkpoints,
     file_tree,
     free_port,
@@ -156,6 +159,52 @@ def test_max_restarts_restarts_the_world_and_continues_from_the_checkpoint(
     assert "resumed from" in result.stdout
     full, cut = load_weights(world["restarts-full"].run_dir), load_weights(tmp_path / "cut")
     assert all(torch.equal(full[k], cut[k]) for k in full)
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_restarts_continue_one_run_folder_from_its_checkpoint(
+    tmp_path: Path, world: dict[str, Any]
+) -> None:
+    """torchrun's own restarts (`--max-restarts`): rank 1 killed after a checkpoint, the restart
+    runs in the same (default, dated) run folder, resumes, and ends as the uninterrupted run."""
+    overrides = [o for o in RESTARTED if not o.startswith("launcher.")]
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=2", str(TRAIN),
+           "launcher=torchrun", *overrides]  # fmt: skip
+
+    def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
+        (log,) = (tmp_path / "outputs").glob("*/*/logs/rank1.log")
+        os.kill(int(dict(PID.findall(log.read_text()))["1"]), signal.SIGKILL)
+
+    result = cmd_until(cmd, "[rank 0] epoch 1 | step 10/", kill_rank_1, cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")  # one run folder, every attempt's
+    assert re.search(
+        rf"\[rank 0\] torchrun restart 1 of 2: resumed from {re.escape(str(run_dir))}"
+        r"/checkpoints/step-000000(05|10) at step (5|10)\n",
+        result.stdout,
+    ), result.stdout
+    full, cut = load_weights(world["restarts-full"].run_dir), load_weights(run_dir)
+    assert all(torch.equal(full[k], cut[k]) for k in full)
+
+
+@pytest.mark.timeout(180)
+def test_dpt_torchrun_ends_a_job_whose_restarts_are_used_up_in_one_line(tmp_path: Path) -> None:
+    """`dpt-torchrun` (torchrun's engine, torchrun's arguments): no restart left, rank 1 killed;
+    the line dpt's own launcher prints, not torchrun's report."""
+    overrides = [o for o in RESTARTED if not o.startswith("launcher.")]
+    cmd = [str(BIN / "dpt-torchrun"), "--standalone", "--nproc_per_node=2", "--max-restarts=0",
+           str(TRAIN), "launcher=torchrun", *overrides, f"hydra.run.dir={tmp_path}"]  # fmt: skip
+
+    def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
+        pids = dict(PID.findall((tmp_path / "logs" / "rank1.log").read_text()))
+        os.kill(int(pids["1"]), signal.SIGKILL)
+
+    result = cmd_until(cmd, "[rank 0] epoch 1 | step 10/", kill_rank_1)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"Error: rank 1 failed: killed by SIGKILL (log: {tmp_path}/logs/rank1.log)"
+    ), result.output
+    assert "[rank 0] stopped: another rank failed or stopped answering" in result.stdout
 
 
 def _kill_the_launcher(run: Path) -> dict[str, Any]:

@@ -7,6 +7,10 @@ The last test puts each node in its own network namespace with its own address.
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,13 +22,17 @@ from tests.helpers import (
     TORCHRUN,
     TRAIN,
     Result,
+    cmd_until,
     free_port,
     load_weights,
     max_abs_diff,
     run_cmd,
+    start,
     train,
 )
 from tests.netns import TwoHosts
+
+PID = re.compile(r"\[rank (\d)\] pid (\d+) \|")
 
 pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
 
@@ -127,3 +135,68 @@ def test_two_network_namespaces_equal_one_node(
         cmds.append(node_cmd(rdzv, run_dir, tuple(host.prefix("GLOO_SOCKET_IFNAME=eth0"))))
     run_together(cmds, timeout=200)
     check_world(dirs, one_node)
+
+
+# --- elastic: a node lost, the world re-formed at half the size -----------------------------------
+
+ELASTIC = [*FAST, "trainer.max_steps=40", "trainer.seed=3", "trainer.batch_size=32",
+           "strategy=ddp", "checkpoint.every_n_steps=5", "checkpoint.keep=10",
+           "model.hidden_dims=[512,512]"]  # fmt: skip
+RESUMED = re.compile(r"\[rank 0\] torchrun restart 1 of 1: resumed from \S+/step-0*(\d+) at step")
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _rank_pids(run_dir: Path) -> dict[int, int]:
+    """rank -> pid, from each rank's start line in its log."""
+    pids = {}
+    for log in (run_dir / "logs").glob("rank*.log"):
+        pids.update({int(r): int(p) for r, p in PID.findall(log.read_text())})
+    return pids
+
+
+@pytest.mark.timeout(240)
+def test_a_lost_node_and_the_survivor_finishes_at_half_the_world(tmp_path: Path) -> None:
+    """`--nnodes=1:2`: two agents, one rank each; after a checkpoint one agent and its rank are
+    killed. The survivor's agent re-forms the world alone (world size 1), resumes from the
+    newest checkpoint and finishes, ending as an uninterrupted run that went from 2 ranks to 1
+    at that checkpoint."""
+    run_dir = tmp_path / "run"
+    rdzv = [f"--rdzv_endpoint=127.0.0.1:{free_port()}", f"--rdzv_id={uuid.uuid4().hex[:8]}"]
+
+    def node(host: bool) -> list[str]:
+        return [*TORCHRUN, "--nnodes=1:2", "--nproc_per_node=1", "--max-restarts=1",
+                "--rdzv_backend=c10d", *rdzv,
+                # is_host: the survivor keeps the rendezvous (c10d's store lives on its host);
+                # last_call_timeout: how long a round waits for a second node once one is in.
+                f"--rdzv_conf=is_host={int(host)},last_call_timeout=3",
+                str(TRAIN), "launcher=torchrun", *ELASTIC, f"hydra.run.dir={run_dir}"]  # fmt: skip
+
+    lost = start(node(host=False), ENV)
+
+    def kill_the_other_node(survivor: subprocess.Popen[str], line: str) -> None:
+        (rank,) = [pid for pid in _rank_pids(run_dir).values() if _parent(pid) == lost.pid]
+        os.killpg(lost.pid, signal.SIGKILL)  # the agent (its rank runs in a session of its own)
+        os.kill(rank, signal.SIGKILL)
+
+    try:
+        result = cmd_until(node(host=True), "epoch 1 | step 10/", kill_the_other_node, env=ENV)
+    finally:
+        if lost.poll() is None:
+            os.killpg(lost.pid, signal.SIGKILL)
+        lost.communicate()
+    assert result.returncode == 0, result.output
+    resumed = RESUMED.search(result.stdout)
+    assert resumed, result.stdout
+    assert "world size 1" in result.stdout
+
+    # The same run uninterrupted on 2 ranks, then from that checkpoint on one.
+    full = tmp_path / "full"
+    train(full, *ELASTIC, "launcher.nproc_per_node=2", env=ENV)
+    changed = tmp_path / "changed"
+    step = f"step-{int(resumed.group(1)):08d}"
+    train(changed, *ELASTIC, "launcher.nproc_per_node=1",
+          f"checkpoint.resume={full}/checkpoints/{step}", env=ENV)  # fmt: skip
+    assert max_abs_diff(load_weights(run_dir), load_weights(changed)) < 1e-6

@@ -33,6 +33,7 @@ from dpt.data.shard_cache import (
     FetchPolicy,
     ShardCache,
     ShardUnavailable,
+    SourceUnreachable,
     is_local,
     join_url,
     read_bytes,
@@ -40,7 +41,8 @@ from dpt.data.shard_cache import (
 from dpt.errors import DptError
 from tests.helpers import small_tmpfs
 
-FAST = FetchPolicy(retries=3, backoff_s=0.01, timeout_s=5.0)
+# A source that does not answer is waited for 0.07 s: tries at about 0, 0.01, 0.03 and 0.07 s.
+FAST = FetchPolicy(retries=3, outage_s=0.07, backoff_s=0.01, timeout_s=5.0)
 MB = 1_000_000
 
 
@@ -198,6 +200,26 @@ def gave_up(url: str, reason: str, tries: int) -> str:
     )
 
 
+def no_answer(url: str, reason: str, outage_s: float) -> str:
+    """A source that did not answer for `outage_s`, after however many tries fit in it."""
+    return (
+        rf"shard {re.escape(url)}: {re.escape(reason)}; no answer for 0 s "
+        rf"\(dataset\.outage_s={outage_s:g}, \d+ tries\)"
+    )
+
+
+def waits(url: str, reason: str, warnings: list[str]) -> bool:
+    """Every warning a retry of a source that did not answer, numbered from 1."""
+    return bool(warnings) and all(
+        re.fullmatch(
+            rf"shard {re.escape(url)}: {re.escape(reason)}; retry {k + 1} in [\d.e-]+ s "
+            r"\(0 s of outage_s left\)",
+            warning,
+        )
+        for k, warning in enumerate(warnings)
+    )
+
+
 def retries(url: str, reason: str, n: int, of: int = 3) -> list[str]:
     """The warnings of `n` retries out of `of`, FAST's backoff doubling from 0.01 s."""
     return [f"shard {url}: {reason}; retry {k + 1} of {of} in {0.01 * 2**k:g} s" for k in range(n)]
@@ -289,14 +311,14 @@ def test_403_is_not_retried_either(server: Server, tmp_path: Path) -> None:
     assert server.requests["a.tar"] == 1
 
 
-def test_refused_is_retried_then_one_line(tmp_path: Path, warnings: list[str]) -> None:
+def test_refused_is_waited_for_outage_s_then_one_line(tmp_path: Path, warnings: list[str]) -> None:
     url = f"http://127.0.0.1:{closed_port()}/a.tar"
     start = time.monotonic()
-    with pytest.raises(ShardUnavailable) as error:
+    with pytest.raises(SourceUnreachable) as error:
         ShardCache(tmp_path / "cache", MB, FAST).open(url, 1000)
-    assert time.monotonic() - start >= 0.07  # waited 0.01 + 0.02 + 0.04 s between tries
-    assert re.fullmatch(gave_up(url, "connection refused", 4), str(error.value))
-    assert warnings == retries(url, "connection refused", 3)
+    assert time.monotonic() - start >= 0.07  # dataset.outage_s, waited between tries
+    assert re.fullmatch(no_answer(url, "connection refused", 0.07), str(error.value))
+    assert len(warnings) >= 3 and waits(url, "connection refused", warnings)
     assert lock_files(tmp_path / "cache") == files(tmp_path / "cache")
 
 
@@ -304,11 +326,11 @@ def test_a_stalled_server_times_out(server: Server, tmp_path: Path, warnings: li
     serve(server, "a.tar", 1000)
     server.fail("a.tar", Fault(sleep_s=1.0))
     url = server.url("a.tar")
-    policy = FetchPolicy(retries=1, backoff_s=0.01, timeout_s=0.2)
-    with pytest.raises(ShardUnavailable) as error:
+    policy = FetchPolicy(retries=0, outage_s=0.3, backoff_s=0.01, timeout_s=0.2)
+    with pytest.raises(SourceUnreachable) as error:  # no answer: an outage, not a bad shard
         ShardCache(tmp_path / "cache", MB, policy).open(url, 1000)
-    assert re.fullmatch(gave_up(url, "timed out after 0.2 s", 2), str(error.value))
-    assert warnings == retries(url, "timed out after 0.2 s", 1, of=1)
+    assert re.fullmatch(no_answer(url, "timed out after 0.2 s", 0.3), str(error.value))
+    assert len(warnings) == 1 and waits(url, "timed out after 0.2 s", warnings)
     assert server.requests["a.tar"] == 2
 
 
@@ -341,7 +363,7 @@ def test_503_then_success(server: Server, tmp_path: Path, warnings: list[str]) -
     server.fail("a.tar", Fault(status=503), times=2)
     url = server.url("a.tar")
     assert read(ShardCache(tmp_path / "cache", MB, FAST).open(url, 1000)) == data
-    assert warnings == retries(url, "HTTP 503 Service Unavailable", 2)
+    assert len(warnings) == 2 and waits(url, "HTTP 503 Service Unavailable", warnings)
 
 
 def test_a_wrong_md5_gives_up_after_the_retries_and_caches_nothing(

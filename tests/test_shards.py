@@ -15,6 +15,7 @@ import torch
 
 from dpt.data.coco import CocoClassification
 from dpt.data.crop_decode import RandomResizedCropDecode
+from dpt.data.loaders import MISSING
 from dpt.data.shard_cache import ShardUnavailable
 from dpt.data.shards import ShardOrder, ShardsData
 from dpt.errors import ConfigError, DptError
@@ -41,7 +42,7 @@ def _data(root: Path | str, tmp_path: Path, **options: object) -> ShardsData:
     settings: dict[str, object] = {
         "image_size": 32, "num_workers": 0, "on_bad_image": "skip", "shuffle_window": 8,
         "cache_dir": str(tmp_path / "cache"), "cache_limit_gb": 1.0, "retries": 0,
-        "timeout_s": 5.0, "seed": 0,
+        "outage_s": 0.0, "max_skipped_fraction": 1.0, "timeout_s": 5.0, "seed": 0,
     }  # fmt: skip
     settings.update(options)
     return ShardsData(root=str(root), **settings)  # type: ignore[arg-type]
@@ -112,7 +113,7 @@ def test_a_missing_shard_is_skipped_once_said_and_counted(
     data = _data(root, tmp_path)
     lost = [i for i in range(len(data.train)) if data.train.locate(i)[0] == 1]
     with caplog.at_level(logging.WARNING, logger="dpt"):
-        assert all(data.train[i] is None for i in lost)
+        assert all(data.train[i] is MISSING for i in lost)  # missing, not an unreadable image
     said = [r.getMessage() for r in caplog.records if "train2017-000001.tar" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(f"skipping shard {root}/train2017-000001.tar")
     assert said[0].endswith(f"(its {len(lost)} samples)")

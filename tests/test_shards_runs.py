@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dpt.data.shard_cache import _flock
+from dpt.loop.interrupt import DataStopped
 from scripts.make_coco_fixture import make_fixture
 from tests.helpers import (
     committed_checkpoints,
@@ -184,15 +185,22 @@ def test_a_shard_the_server_does_not_have_is_skipped_said_once_and_counted(
     shards: Path, tmp_path: Path
 ) -> None:
     """HTTP 404 for one training shard under on_bad_image=skip: one line names it, its samples
-    count as unreadable, the run ends."""
+    count as unreadable, the run ends, where they are within dataset.max_skipped_fraction of
+    the epoch. Beyond it (the default 0.05: one sample of 28), the run stops at the next
+    agreement, with a checkpoint, in one line. A validation shard missing too: the epoch's
+    validation covers less than its split and is neither reported nor used for the best
+    model."""
     served = tmp_path / "served"
     shutil.copytree(shards, served)
     (served / "train2017-000001.tar").unlink()
+    (served / "val2017-000000.tar").unlink()
     lost = json.loads((shards / "train2017.json").read_text())["shardlist"][1]["nsamples"]
     with serve(served) as server:
-        _, run = run_here(tmp_path / "run", *FEW, f"dataset.root={server.url}",
-                          f"dataset.cache_dir={tmp_path / 'cache'}", "trainer.epochs=1",
-                          "trainer.max_steps=null")  # fmt: skip
+        args = [*FEW, f"dataset.root={server.url}", f"dataset.cache_dir={tmp_path / 'cache'}",
+                "trainer.epochs=1", "trainer.max_steps=null"]  # fmt: skip
+        _, run = run_here(tmp_path / "run", *args, "dataset.max_skipped_fraction=0.5")
+        with pytest.raises(DataStopped) as stopped:
+            run_here(tmp_path / "stopped", *args)
     said = [line for line in run.splitlines() if "train2017-000001.tar" in line]
     assert said == [
         f"[rank 0] skipping shard {server.url}/train2017-000001.tar: HTTP 404 Not Found "
@@ -200,30 +208,61 @@ def test_a_shard_the_server_does_not_have_is_skipped_said_once_and_counted(
     ]
     assert f"{lost} unreadable samples skipped" in run
     assert (tmp_path / "run" / "model.pt").exists()
+    val_lost = json.loads((shards / "val2017.json").read_text())["shardlist"][0]["nsamples"]
+    assert (
+        f"[rank 0] validation could not have {val_lost} of the split's 13 samples (their shards "
+        "could not be fetched): its metrics are not reported, and not used for early stopping or "
+        "model_best.pt"
+    ) in run
+    assert "val loss" not in run
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["val"] == {}
+    assert not (tmp_path / "run" / "model_best.pt").exists()
+    found = re.fullmatch(
+        rf"{lost} of this epoch's 28 samples skipped as unreadable, more than the 1 "
+        r"dataset\.max_skipped_fraction allows; stopped at step (\d) with a checkpoint "
+        rf"\({tmp_path}/stopped/checkpoints/step-0000000(\d)\); the same command "
+        rf"\(hydra\.run\.dir={tmp_path}/stopped\) resumes",
+        str(stopped.value),
+    )
+    assert found and found.group(1) == found.group(2), stopped.value
+    assert not (tmp_path / "stopped" / "model.pt").exists()
 
 
 @pytest.mark.timeout(300)
-def test_a_server_that_goes_away_mid_run_is_retried_then_one_line_names_the_url(
-    shards: Path, tmp_path: Path
-) -> None:
-    """The server stops after the first step (its port then refuses): each fetch is retried
-    dataset.retries times with a doubling backoff, said on the console, then the run stops in
-    one line naming the shard's URL (on_bad_image=error)."""
+def test_a_shard_server_that_goes_away(shards: Path, tmp_path: Path) -> None:
+    """Gone longer than dataset.outage_s (its port refuses): the fetch is retried with a
+    doubling backoff, said on the console, then the run stops with a checkpoint and one line
+    naming the shard (exit 1; loader workers fetch, and their error reaches the rank), and the
+    same command, the server back, ends with the uninterrupted weights. Gone for less than
+    outage_s: the run waits and goes on, its weights the uninterrupted ones. (The server runs in
+    this process: loader workers forked from it would hold its port open, so the in-process
+    runs load without them.)"""
     with serve(shards) as server:
-        run = run_until(
-            tmp_path / "run",
-            [*FEW, f"dataset.root={server.url}", f"dataset.cache_dir={tmp_path / 'cache'}",
-             "dataset.retries=2", "dataset.on_bad_image=error", "dataset.shuffle_window=1",
-             "trainer.log_every_n_steps=1"],
-            "| step 1/",
-            lambda proc, _: server.stop(),
-        )  # fmt: skip
-    assert run.returncode == 1
-    assert re.fullmatch(
-        rf"Error: shard {re.escape(server.url)}/(train|val)2017-\d{{6}}\.tar: connection "
-        r"refused, gave up after 3 tries over \d+\.\d s",
-        run.stderr.strip(),
-    ), run.stderr
+        # 3 steps an epoch: shards still to fetch after step 1, validation's at its end
+        run_here(tmp_path / "full", *_resnet(server.url, tmp_path / "cache-full"), *SINGLE)
+        cut_dir, cut_args = tmp_path / "cut", [*_resnet(server.url, tmp_path / "cache"), *SINGLE,
+                                               "dataset.outage_s=2"]  # fmt: skip
+        cut = run_until(cut_dir, [*cut_args, "dataset.num_workers=1"], "| step 1/",
+                        lambda proc, _: server.stop())  # fmt: skip
+        server.start()  # on the same port: the same dataset.root
+        _, resumed = run_here(cut_dir, *cut_args)
+        server.outage_after, server.outage_s = server.tars_asked() + 2, 1.5
+        _, waited = run_here(tmp_path / "back", *_resnet(server.url, tmp_path / "c"), *SINGLE)
+    assert cut.returncode == 1
+    stopped = re.fullmatch(
+        rf"Error: shard {re.escape(server.url)}/(?:train|val)2017-\d{{6}}\.tar: connection "
+        r"refused; no answer for 2 s \(dataset\.outage_s=2, \d+ tries\); stopped at step (\d) "
+        rf"with a checkpoint \({re.escape(str(cut_dir))}/checkpoints/step-0000000(\d)\); the same "
+        rf"command \(hydra\.run\.dir={re.escape(str(cut_dir))}\) resumes",
+        cut.stderr.strip(),
+    )
+    assert stopped and stopped.group(1) == stopped.group(2), cut.stderr
     # The first try may meet the server while it closes (connection reset), the rest find none.
-    assert re.search(r"\.tar: connection (reset|refused); retry 1 of 2 in 0\.5 s\n", run.stdout)
-    assert ": connection refused; retry 2 of 2 in 1 s\n" in run.stdout
+    assert re.search(r"\.tar: connection (reset|refused); retry 1 in 0\.5 s \(2 s of outage_s ",
+                     cut.stdout), cut.stdout  # fmt: skip
+    assert f"resumed from {cut_dir}/checkpoints/step-0000000{stopped.group(1)}" in resumed
+    full = load_weights(tmp_path / "full")
+    assert max_abs_diff(full, load_weights(cut_dir)) < 1e-6
+    assert re.search(r"\.tar: connection closed before a response; retry 1 in 0\.5 s "
+                     r"\(120 s of outage_s left\)", waited), waited  # fmt: skip
+    assert max_abs_diff(full, load_weights(tmp_path / "back")) < 1e-6

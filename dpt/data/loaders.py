@@ -17,7 +17,31 @@ from dpt.data.seeded import SeededSamples
 from dpt.distributed import DistEnv
 from dpt.targets import Targets
 
-Batch = tuple[torch.Tensor, torch.Tensor, int]
+Batch = tuple[torch.Tensor, torch.Tensor, int]  # inputs, targets, samples left out (`Skipped`)
+
+
+class Missing:
+    """What a data set returns for a sample it could not have at all (its shard could not be
+    fetched), where None is a sample that came but is unreadable (a corrupt image). Both are
+    left out of the batch; only a missing one makes a validation cover less than its split."""
+
+
+MISSING = Missing()
+
+
+class Skipped(int):
+    """The samples a batch left out (a plain count for the training loop), and how many of them
+    were `Missing`."""
+
+    missing: int
+
+    def __new__(cls, count: int, missing: int = 0) -> Skipped:
+        skipped = super().__new__(cls, count)
+        skipped.missing = missing
+        return skipped
+
+    def __reduce__(self) -> tuple[Any, ...]:  # from a loader worker, with its `missing`
+        return (Skipped, (int(self), self.missing))
 
 
 class StackedBatch(NamedTuple):
@@ -56,13 +80,14 @@ class DropUnreadable:
     def __call__(self, samples: Sequence[Any] | StackedBatch) -> Batch:
         if isinstance(samples, StackedBatch):
             return samples.inputs, samples.labels, 0
-        good = [s for s in samples if s is not None]
+        good = [s for s in samples if s is not None and not isinstance(s, Missing)]
+        skipped = Skipped(len(samples) - len(good), sum(isinstance(s, Missing) for s in samples))
         if not good:
             empty = torch.empty((0, *self.input_shape), dtype=self.input_dtype)
-            return empty, self.targets.empty(), len(samples)
+            return empty, self.targets.empty(), skipped
         inputs = torch.stack([torch.as_tensor(s[0]) for s in good])
         targets = self.targets.stack([s[1] for s in good])
-        return inputs, targets, len(samples) - len(good)
+        return inputs, targets, skipped
 
 
 class ShardSampler(Sampler[int]):

@@ -27,6 +27,7 @@ import fcntl
 import hashlib
 import http.client
 import io
+import itertools
 import logging
 import os
 import re
@@ -59,6 +60,11 @@ class ShardUnavailable(DptError):
     """A shard (or index file) that cannot be had: one line naming the URL and why."""
 
 
+class SourceUnreachable(ShardUnavailable):
+    """The source failed for longer than `dataset.outage_s` in ways that pass (refused, timed
+    out, 5xx): not one damaged shard to skip but data the run cannot do without; it stops."""
+
+
 class CacheFull(DptError):
     """The cache folder's disk is full, or the cache's limit is below one shard: one line
     naming the folder or the limit, the shard, and what to change."""
@@ -66,7 +72,8 @@ class CacheFull(DptError):
 
 @dataclass(frozen=True)
 class FetchPolicy:
-    retries: int = 3  # tries after the first, for errors that may pass
+    retries: int = 3  # tries after the first for a transfer that comes damaged (cut off, MD5)
+    outage_s: float = 120.0  # how long a source that does not answer (refused, 5xx) is retried
     backoff_s: float = 0.5  # first wait; doubles each retry (capped at MAX_BACKOFF_S)
     timeout_s: float = 30.0  # per connect and per read (socket timeout; HTTP(S) only)
 
@@ -124,12 +131,15 @@ class _Sink(Protocol):
 
 
 class _Failure(Exception):
-    """One try's failure, in words, and whether another try may do better."""
+    """One try's failure, in words, and whether another try may do better: `outage`, the
+    source did not answer (refused, timed out, 5xx: waited for up to `outage_s`); else, if
+    `retryable`, what came was damaged (retried `retries` times)."""
 
-    def __init__(self, reason: str, retryable: bool) -> None:
+    def __init__(self, reason: str, retryable: bool, outage: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.retryable = retryable
+        self.retryable = retryable or outage
+        self.outage = outage
 
 
 class _SinkError(Exception):
@@ -161,32 +171,42 @@ def read_bytes(url: str, policy: FetchPolicy, what: str = "shard") -> bytes:
 def _fetch(
     url: str, sink: _Sink, policy: FetchPolicy, what: str, size: int | None, md5: str | None
 ) -> int:
-    """Fetch `url` into `sink` (rewritten from its start on each try): the number of bytes."""
-    start = time.monotonic()
-    tries = policy.retries + 1
-    for attempt in range(tries):
+    """Fetch `url` into `sink` (rewritten from its start on each try): the number of bytes.
+    A source that does not answer is retried, with a doubling backoff, for `policy.outage_s`;
+    a transfer that comes damaged, `policy.retries` times."""
+    start, damaged = time.monotonic(), 0
+    for attempt in itertools.count():
         sink.seek(0)
         try:
             count = _try_once(url, sink, policy, size, md5)
         except _Failure as failure:
+            spent = time.monotonic() - start
             if not failure.retryable:
                 raise ShardUnavailable(f"{what} {url}: {failure.reason}") from None
-            if attempt == tries - 1:
-                spent = time.monotonic() - start
-                raise ShardUnavailable(
-                    f"{what} {url}: {failure.reason}, gave up after {_tries(tries)} "
-                    f"over {spent:.1f} s"
-                ) from None
-            wait = min(policy.backoff_s * 2**attempt, MAX_BACKOFF_S)
-            log.warning(
-                f"{what} {url}: {failure.reason}; retry {attempt + 1} of {policy.retries} "
-                f"in {wait:g} s"
-            )
+            if failure.outage:
+                left = policy.outage_s - spent
+                if left <= 0:
+                    raise SourceUnreachable(
+                        f"{what} {url}: {failure.reason}; no answer for {spent:.0f} s "
+                        f"(dataset.outage_s={policy.outage_s:g}, {_tries(attempt + 1)})"
+                    ) from None
+                wait = min(policy.backoff_s * 2**attempt, MAX_BACKOFF_S, left)
+                then = f"retry {attempt + 1} in {wait:.3g} s ({left:.0f} s of outage_s left)"
+            else:
+                damaged += 1
+                if damaged > policy.retries:
+                    raise ShardUnavailable(
+                        f"{what} {url}: {failure.reason}, gave up after "
+                        f"{_tries(attempt + 1)} over {spent:.1f} s"
+                    ) from None
+                wait = min(policy.backoff_s * 2**attempt, MAX_BACKOFF_S)
+                then = f"retry {damaged} of {policy.retries} in {wait:g} s"
+            log.warning(f"{what} {url}: {failure.reason}; {then}")
             time.sleep(wait)
             continue
         sink.truncate(count)  # a longer earlier try's tail (a pre-sized file is exactly `count`)
         return count
-    raise AssertionError("unreachable")  # the last try returns or raises
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 def _try_once(url: str, sink: _Sink, policy: FetchPolicy, size: int | None, md5: str | None) -> int:
@@ -232,7 +252,7 @@ def _expected_size(response: http.client.HTTPResponse, size: int | None) -> int 
 
 def _status_failure(code: int, reason: str | None) -> _Failure:
     phrase = _phrase(code) or reason or ""
-    return _Failure(f"HTTP {code} {phrase}".rstrip(), code >= 500 or code in _RETRY_STATUS)
+    return _Failure(f"HTTP {code} {phrase}".rstrip(), False, code >= 500 or code in _RETRY_STATUS)
 
 
 def _phrase(code: int) -> str:
@@ -246,27 +266,32 @@ def _phrase(code: int) -> str:
 def _os_failure(
     error: OSError | http.client.HTTPException, policy: FetchPolicy, progress: str = ""
 ) -> _Failure:
-    """A network (or object store) error in words, and whether it may pass."""
+    """A network (or object store) error in words, and whether it may pass: with no bytes come
+    yet (`progress` empty) the source did not answer, an outage; else the transfer broke."""
+    reason, retryable = _os_reason(error, policy)
+    return _Failure(f"{reason}{progress}", retryable, outage=retryable and not progress)
+
+
+def _os_reason(error: OSError | http.client.HTTPException, policy: FetchPolicy) -> tuple[str, bool]:
     if isinstance(error, TimeoutError):
-        return _Failure(f"timed out after {policy.timeout_s:g} s{progress}", True)
+        return f"timed out after {policy.timeout_s:g} s", True
     if isinstance(error, ConnectionRefusedError):
-        return _Failure("connection refused", True)
+        return "connection refused", True
     if isinstance(error, http.client.RemoteDisconnected):
-        return _Failure("connection closed before a response", True)
+        return "connection closed before a response", True
     if isinstance(error, ConnectionResetError):
-        return _Failure(f"connection reset{progress}", True)
+        return "connection reset", True
     if isinstance(error, socket.gaierror):  # only "try again later" passes; a wrong name stays
-        again = error.errno == socket.EAI_AGAIN
-        return _Failure(f"cannot resolve the host ({error.strerror})", again)
+        return f"cannot resolve the host ({error.strerror})", error.errno == socket.EAI_AGAIN
     if isinstance(error, ssl.SSLCertVerificationError):
-        return _Failure(f"TLS certificate not trusted ({error.verify_message})", False)
+        return f"TLS certificate not trusted ({error.verify_message})", False
     if isinstance(error, FileNotFoundError):
-        return _Failure("not found", False)
+        return "not found", False
     if isinstance(error, PermissionError):
-        return _Failure(f"permission denied ({error})", False)
+        return f"permission denied ({error})", False
     if isinstance(error, OSError) and error.strerror:
-        return _Failure(f"{error.strerror[0].lower()}{error.strerror[1:]}{progress}", True)
-    return _Failure(f"{type(error).__name__}: {error}{progress}".rstrip(": "), True)
+        return f"{error.strerror[0].lower()}{error.strerror[1:]}", True
+    return f"{type(error).__name__}: {error}".rstrip(": "), True
 
 
 class _Hash(Protocol):

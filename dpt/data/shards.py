@@ -32,10 +32,12 @@ from wids.wids import IndexedTarSamples
 
 from dpt.data.crop_decode import RandomResizedCropDecode
 from dpt.data.images import BadImages, Decoder, DecodeThen, check_bad_image_policy, val_transform
+from dpt.data.loaders import MISSING
 from dpt.data.shard_cache import (
     FetchPolicy,
     ShardCache,
     ShardUnavailable,
+    SourceUnreachable,
     is_local,
     join_url,
     local_path,
@@ -172,7 +174,7 @@ class ShardedSamples(Dataset):
         shard, k = self.locate(index)
         samples = self._samples(shard)
         if samples is None:
-            return None
+            return MISSING
         # wids' keys: the members' extensions with their dot, and "__key__"
         return self.item(samples[k], self.shards[shard].url)
 
@@ -191,6 +193,8 @@ class ShardedSamples(Dataset):
             return None
         try:
             samples = self._open_shard(shard)
+        except SourceUnreachable:
+            raise  # not one damaged shard: the run cannot go on without the source
         except ShardUnavailable as error:
             if self.bad_images.policy == "error":
                 raise
@@ -279,11 +283,15 @@ class ShardsData:
         cache_dir: str | None,
         cache_limit_gb: float,
         retries: int,
+        outage_s: float,
+        max_skipped_fraction: float,
         timeout_s: float,
         seed: int,
     ) -> None:
         check_bad_image_policy(on_bad_image)
-        policy = FetchPolicy(retries=retries, timeout_s=timeout_s)
+        policy = FetchPolicy(retries=retries, outage_s=outage_s, timeout_s=timeout_s)
+        # Skipped damaged shards beyond this share of an epoch stop the run (dpt.loop.trainer).
+        self.max_skipped_fraction = max_skipped_fraction
         root = os.path.abspath(local_path(root)) if is_local(root) else root
         index = read_index(root, policy)
         cache = _CacheFactory(cache_dir or default_cache_dir(), cache_limit_gb, policy)

@@ -25,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from dpt import user_code
 from dpt.config import build, register_configs
 from dpt.errors import Abort, DptError, could_not_write, is_disk_full, one_line
-from dpt.launch import parent_death, run_lock
+from dpt.launch import parent_death, run_lock, torchrun_job
 from dpt.launch.hydra_run import (
     CONFIG_NAME,
     CONFIG_PATH,
@@ -124,6 +124,8 @@ def run(hydra_main: Callable[[], Any]) -> None:
         return _report(lambda: follow_torchrun(argv))
     if asks_for_help(argv):
         return _report(lambda: show_help(argv))
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # rank 0 of a restarted torchrun job: its folder
+        argv = torchrun_job.continued(argv)
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         run_hydra_main(hydra_main, hydra_args(argv))
         return None

@@ -10,8 +10,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from dpt.errors import Abort, ConfigError, DptError
-from dpt.launch import preflight, run_lock
+from dpt.launch import preflight, run_lock, torchrun_job
 from dpt.launch.validate import validate
+
+RESTART_LOCK_WAIT_S = 60.0  # torchrun's agent gives a stopped worker 30 s before SIGKILL
 
 
 class ValidateConfig(Callback):
@@ -53,10 +55,13 @@ def _lock(folder: Path) -> None:
     folder. A multirun's jobs are locked by the task (their folders are known only there)."""
     if not run_lock.holds_lock_here():
         return
+    # A restarted torchrun job's folder: its previous attempt's ranks are being stopped.
+    wait_s = RESTART_LOCK_WAIT_S if torchrun_job.in_torchrun_job() else 0.0
     try:
-        run_lock.acquire(folder)
+        run_lock.acquire(folder, wait_s)
     except DptError as error:
         raise Abort(error) from error
+    torchrun_job.record(folder)
 
 
 def check_writable(folder: Path, key: str) -> None:

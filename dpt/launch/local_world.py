@@ -62,28 +62,33 @@ def launch_local_world(
     return results[0]
 
 
-def describe_stop(stopped: Any, run_dir: Path) -> str:
+def describe_stop(stopped: Any, run_dir: Path | None) -> str:
     """The launcher was told to stop; the elastic agent passed the signal on to the ranks, which
     finished their step and wrote a checkpoint."""
+    name = signal.Signals(stopped.sigval).name
+    if run_dir is None:  # stopped before any rank knew its run folder
+        return f"stopped by {name} before the run started"
     saved = committed(checkpoint_dir(run_dir))
     where = f"newest checkpoint {saved[-1].path}" if saved else "no checkpoint was written"
     return (
-        f"stopped by {signal.Signals(stopped.sigval).name}; {where}. Resume: the same command "
-        f"with hydra.run.dir={run_dir} (checkpoint.resume=auto picks the newest checkpoint)"
+        f"stopped by {name}; {where}. Resume: the same command with hydra.run.dir={run_dir} "
+        "(checkpoint.resume=auto picks the newest checkpoint)"
     )
 
 
-def describe_failure(failed: Any, run_dir: Path) -> str:
+def describe_failure(failed: Any, run_dir: Path | None) -> str:
     """One line naming the rank that caused the failure and why (from torchelastic's error
     files): a rank that stopped answering, as another rank's roll call found; else the first
-    rank that failed."""
+    rank that failed. `run_dir` None: no rank got as far as its run folder."""
+
+    def log_file(rank: int | str) -> str:
+        return "no log yet" if run_dir is None else f"log: {run_dir / 'logs' / f'rank{rank}.log'}"
+
     for noticed_by, failure in sorted(failed.failures.items()):
         silent = SILENT_RANK.match(_message(failure))
         if silent:
-            log_file = run_dir / "logs" / f"rank{silent.group(1)}.log"
-            return f"{silent.group(0)} (noticed by rank {noticed_by}; log: {log_file})"
+            return f"{silent.group(0)} (noticed by rank {noticed_by}; {log_file(silent.group(1))})"
     rank, failure = failed.get_first_failure()
-    log_file = run_dir / "logs" / f"rank{rank}.log"
     raw = _message(failure)
     if failure.exitcode < 0:
         why = f"killed by {failure.signal_name()}"
@@ -91,7 +96,7 @@ def describe_failure(failed: Any, run_dir: Path) -> str:
         why = f"exit code {failure.exitcode}"
     else:
         why = raw
-    return f"rank {rank} failed: {why} (log: {log_file})"
+    return f"rank {rank} failed: {why} ({log_file(rank)})"
 
 
 def _message(failure: Any) -> str:

@@ -46,13 +46,21 @@ def holds_lock_here() -> bool:
     return all(os.environ.get(var, "0") == "0" for var in ("RANK", "SLURM_PROCID"))
 
 
-def acquire(folder: Path) -> None:
+def acquire(folder: Path, wait_s: float = 0.0) -> None:
     """Take `folder` for a run that starts in this process (again: nothing happens), or raise
-    FolderInUse at once while any process holds it."""
+    FolderInUse while any process holds it: at once, or after waiting `wait_s` for it."""
     key = folder.resolve()
     if key in _held:
         return
-    fd = _locked(folder, key, fcntl.LOCK_EX)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fd = _locked(folder, key, fcntl.LOCK_EX)
+            break
+        except FolderInUse:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
     try:
         os.ftruncate(fd, 0)  # the previous run's holders: gone, as the lock was free
         _write_holder(fd, {})

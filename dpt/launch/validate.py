@@ -38,6 +38,7 @@ from dpt.config import (
     TorchvisionModelConfig,
     declared_targets,
     higher_is_better,
+    is_distributed,
     objectives,
     task_kind,
     val_metrics,
@@ -78,6 +79,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_group(cfg.scheduler, "scheduler", SCHEDULER_MINIMUMS)
     _validate_group(cfg.dataset, "dataset", DATASET_MINIMUMS)
     _validate_dataset_choices(cfg.dataset)
+    _validate_outage(cfg.dataset, cfg.trainer, cfg.strategy)
     _validate_task(cfg.task, cfg.dataset, cfg.model)
     _validate_early_stopping(cfg.trainer.early_stopping, cfg.dataset, cfg.task)
     _validate_objective(cfg.sweep.objective, cfg.dataset, cfg.task)
@@ -219,7 +221,8 @@ def _world_size(launcher: DictConfig) -> int | None:
 SCHEDULER_MINIMUMS = {"warmup_steps": 0, "min_lr": 0.0, "step_size": 1, "gamma": 0.0}
 DATASET_MINIMUMS = {"num_samples": 1, "input_dim": 1, "num_classes": 2, "num_workers": 0,
                     "num_val_samples": 0, "image_size": 16, "shuffle_window": 1, "retries": 0,
-                    "cache_limit_gb": 1e-6, "timeout_s": 1e-3}  # fmt: skip
+                    "cache_limit_gb": 1e-6, "timeout_s": 1e-3, "outage_s": 0,
+                    "max_skipped_fraction": 0}  # fmt: skip
 
 
 def _validate_trainer(t: DictConfig) -> None:
@@ -382,6 +385,23 @@ def _validate_monitor(monitor: DictConfig, checkpoint: DictConfig) -> None:
             _check(checkpoint.enabled, f"monitor.{name}.action", node.action,
                    "needs checkpoints to return to (checkpoint.enabled=true)")  # fmt: skip
     _validate_group(monitor, "monitor", {"max_rollbacks": 0, "grad_diagnostics_every": 1})
+
+
+def _validate_outage(dataset: DictConfig, trainer: DictConfig, strategy: DictConfig) -> None:
+    """A rank waiting out a source's outage keeps the others waiting in the step's collective:
+    they must not give up on it first (trainer.timeout_s)."""
+    if OmegaConf.get_type(dataset) is not ShardsConfig:
+        return
+    fraction = dataset.max_skipped_fraction
+    _check(fraction <= 1, "dataset.max_skipped_fraction", fraction,
+           "must be <= 1 (a share of an epoch's samples)")  # fmt: skip
+    longest = dataset.outage_s + dataset.timeout_s  # the last try may hang for timeout_s
+    if is_distributed(strategy) and longest >= trainer.timeout_s:
+        raise ConfigError(
+            f"dataset.outage_s={dataset.outage_s:g}: with dataset.timeout_s={dataset.timeout_s:g} "
+            f"it must stay below trainer.timeout_s={trainer.timeout_s:g}, how long the other "
+            "ranks wait for a rank's data before they give up on it"
+        )
 
 
 def _validate_dataset_choices(dataset: DictConfig) -> None:

@@ -23,7 +23,7 @@ from dpt.distributed import (
     init_process_group,
 )
 from dpt.errors import DptError, could_not_write, is_disk_full, one_line
-from dpt.launch import allocator, collector, objective, run_lock
+from dpt.launch import allocator, collector, objective, run_lock, torchrun_job
 from dpt.launch.parent_death import LAUNCHER_PID
 from dpt.launch.rank_failure import describe
 from dpt.loop import resume_apply
@@ -52,6 +52,7 @@ def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         # Rank 0's config and folder win: ranks that composed their own config under torchrun
         # may differ in `${now:...}` and must all write into one run folder.
         cfg_dict, run_dir = broadcast_object((cfg_dict, run_dir), env)
+        torchrun_job.note_run_dir(Path(run_dir))
         roll_call.start_answering()
         with run_lock.holding(Path(run_dir), rank=env.rank):  # beside the run's starter
             return _run(OmegaConf.create(cfg_dict), Path(run_dir), env)
@@ -152,6 +153,7 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     trainer = Trainer(parts)
     if env.is_main:  # where to look, and what `hydra.run.dir=` resumes
         log.info(f"run folder {run_dir}")
+    parts.checkpoints.restarted = bool(torchrun_job.attempt())
     finished = _resume(trainer, parts)
     if finished is not None:
         parts.metrics.close()
@@ -206,7 +208,7 @@ def _resume(trainer: Trainer, parts: Parts) -> dict[str, Any] | None:
     resumed = trainer.resume()
     if resumed is None:
         return None
-    log.info(f"resumed from {resumed.path} at step {resumed.step}")
+    log.info(f"{torchrun_job.attempt()}resumed from {resumed.path} at step {resumed.step}")
     resume_apply.after_load(trainer, resumed.changes)
     resume_apply.replan(trainer)  # batches a rollback skipped before the checkpoint: fewer steps
     return _finished(

@@ -3,6 +3,7 @@ best value of each metric so far."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -13,6 +14,8 @@ from torch.utils.data import DataLoader
 
 from dpt.distributed import DistEnv, all_gather_floats
 from dpt.tasks.task import Task
+
+log = logging.getLogger("dpt")
 
 
 class Validation:
@@ -32,15 +35,31 @@ class Validation:
         self.lockstep = lockstep  # see `evaluate`
         self.last: dict[str, float] = {}
         self.best: dict[str, float] = {}
+        self.partial = False  # the last validation read fewer samples than the split holds
 
     def run(self, model: nn.Module) -> dict[str, float]:
-        """World-wide metrics ({} without a validation split); all ranks must call it."""
+        """World-wide metrics ({} without a validation split); all ranks must call it. A
+        validation that could not have all of its split (a shard skipped) gives {} too: metrics
+        of another set of samples would not compare with other epochs'. (Unreadable samples,
+        a corrupt image, are left out every epoch alike.)"""
+        self.partial = False
         if self.loader is None:
             return {}
         self.last = evaluate(
             model, self.loader, self.env, self.task, self.autocast, self.to_device,
             self.lockstep,
         )  # fmt: skip
+        missing = int(self.last.pop("val/missing"))
+        if missing:
+            if self.env.is_main:
+                size = len(self.loader.dataset)  # type: ignore[arg-type]
+                log.warning(
+                    f"validation could not have {missing} of the split's {size} samples (their "
+                    "shards could not be fetched): its metrics are not reported, and not used for "
+                    "early stopping or model_best.pt"
+                )
+            self.partial, self.last = True, {}
+            return {}
         for key, value in self.last.items():
             best = self.best.get(key)
             if best is None or (value > best if self.task.higher_is_better(key) else value < best):
@@ -74,13 +93,16 @@ def evaluate(
         **task.metrics(),
         "samples": torchmetrics.SumMetric(),  # proves each sample was counted exactly once
     }
+    # Samples whose shard could not be had: the metrics then cover less than the split.
+    metrics["missing"] = missing = torchmetrics.SumMetric()
     collection = torchmetrics.MetricCollection(metrics, compute_groups=False).to(env.device)
-    own = {name: collection[name] for name in metrics if name not in ("loss", "samples")}
+    own = {name: collection[name] for name in metrics if name not in ("loss", "samples", "missing")}
     was_training = model.training
     model.eval()
     # Agreed before the first forward: a collective of its own amid fsdp's would mismatch them.
     padding = _missing_forwards(len(loader), env) if lockstep is not None else 0
-    for inputs, targets, _ in loader:
+    for inputs, targets, skipped in loader:
+        missing.update(torch.tensor(float(getattr(skipped, "missing", 0))))
         if not len(targets) and lockstep is None:  # all unreadable (the loader counted them)
             continue
         inputs = to_device(inputs)

@@ -17,6 +17,11 @@ class Interrupted(DptError):
     """SIGTERM/SIGINT arrived; the step finished and a checkpoint was written."""
 
 
+class DataStopped(Interrupted):
+    """The data could not be had (a source gone too long, too many samples skipped): stopped
+    to be resumed with the same command, from a checkpoint."""
+
+
 class StopRequest:
     """Set by a signal handler; the training loop reads it between steps."""
 

@@ -99,6 +99,9 @@ class Parts:
     total_steps: int
     global_batch: int
     checkpoints: Checkpoints
+    # A data set's `max_skipped_fraction` of an epoch's samples (dataset=shards): more samples
+    # skipped in one epoch stop the run. None: no bound.
+    max_skipped: int | None = None
 
     @property
     def checkpoint_every(self) -> int:
@@ -152,7 +155,13 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
         total_steps=total_steps,
         global_batch=loaders.global_batch(t.grad_accum_steps),
         checkpoints=Checkpoints(run_dir, env, cfg.checkpoint.keep, cfg.yaml),
+        max_skipped=max_skipped(data),
     )  # fmt: skip
+
+
+def max_skipped(data: DataModule) -> int | None:
+    fraction = getattr(data, "max_skipped_fraction", None)
+    return None if fraction is None else int(fraction * len(data.train))
 
 
 # A key of every data set's config that dpt applies itself (the loaders' order), not the target.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,15 +19,17 @@ import torch
 
 from dpt.data.loaders import Batch
 from dpt.data.position import DataPosition
+from dpt.data.shard_cache import SourceUnreachable
+from dpt.errors import one_line
 from dpt.loop import reactions, resume_apply
 from dpt.loop.agreement import NonFiniteLoss, Verdict
-from dpt.loop.interrupt import Interrupted, StopRequest, stop_on_signals
+from dpt.loop.interrupt import DataStopped, Interrupted, StopRequest, stop_on_signals
 from dpt.loop.parts import Parts
 from dpt.loop.reactions import RolledBack
 from dpt.loop.strategy import skip_gradient_sync
 from dpt.monitor.monitor import Judgement
 from dpt.observe.console import log_epoch
-from dpt.state.checkpoint import Committed
+from dpt.state.checkpoint import Committed, committed
 from dpt.state.stateful import (
     ModelState,
     OptimizerState,
@@ -69,7 +72,7 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         p, start, stopped_early = self.progress, time.perf_counter(), False
-        with stop_on_signals() as stop:
+        with stop_on_signals() as stop, self.stops_without_data():
             while not stopped_early and p.step < self.parts.total_steps:  # epochs or max_steps
                 self.model.train()
                 try:
@@ -192,6 +195,7 @@ class Trainer:
     def after_agreement(self, verdict: Verdict, judgement: Judgement, stop: StopRequest) -> None:
         windows = self.metrics.agreed(verdict.rows)  # writes the windows ended since the last
         self.progress.bad_samples += self.metrics.take_bad()
+        self.check_skipped()
         if judgement.decisive is None:  # the windows' speed, unless the run goes back or ends
             slow = self.monitor.judge([], None, windows, self.position.epoch)
             judgement.events += slow.events
@@ -202,6 +206,49 @@ class Trainer:
         every_ckpt = self.parts.checkpoint_every
         if every_ckpt and self.progress.step % every_ckpt == 0:
             self.save_checkpoint()
+
+    # --- data that cannot be had ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def stops_without_data(self) -> Iterator[None]:
+        """A source unreachable past dataset.outage_s (raised in this rank, maybe in a loader
+        worker): the run stops with a checkpoint the same command resumes from."""
+        try:
+            yield
+        except SourceUnreachable as error:
+            # The other ranks wait in this step's collective: they cannot checkpoint with it.
+            agreed = not self.parts.env.distributed
+            raise self.stopped_for_data(one_line(error), agreed) from None
+
+    def check_skipped(self) -> None:
+        """At an agreement (every rank knows the world's count): more samples of damaged shards
+        skipped this epoch than dataset.max_skipped_fraction allows stop the run here."""
+        limit, bad = self.parts.max_skipped, self.progress.bad_samples - self.bad_before_epoch
+        if limit is None or bad <= limit:
+            return
+        size = len(self.parts.loaders.train.dataset)
+        raise self.stopped_for_data(
+            f"{bad} of this epoch's {size} samples skipped as unreadable, more than the {limit} "
+            "dataset.max_skipped_fraction allows",
+            agreed=True,
+        )
+
+    def stopped_for_data(self, why: str, agreed: bool) -> DataStopped:
+        """This step's checkpoint where every rank is here to write it (`agreed`), else the
+        newest committed one."""
+        step, run_dir = self.progress.step, self.parts.run_dir
+        if agreed:
+            path = self.save_checkpoint()
+            saved = f"at step {step} with a checkpoint ({path})" if path else f"at step {step}"
+        else:
+            newest = committed(self.parts.checkpoints.folder)
+            saved = f"at step {step}" + (
+                f"; its newest checkpoint is step {newest[-1].step} ({newest[-1].path})"
+                if newest else ", before any checkpoint"
+            )  # fmt: skip
+        return DataStopped(
+            f"{why}; stopped {saved}; the same command (hydra.run.dir={run_dir}) resumes"
+        )
 
     def interrupt(self, stop: StopRequest) -> None:
         path = self.save_checkpoint()
@@ -221,9 +268,11 @@ class Trainer:
         if self.parts.validation.loader is not None:  # a pipeline's stages put together
             model = self.parts.strategy.whole_model(self.model)
         val = self.parts.validation.run(model)
-        self.metrics.scalars(val, self.progress.step)
-        stop = self.parts.early_stopping.should_stop(val)
-        self.parts.best_model.update(val, self.progress.step, self.position.epoch + 1, model)
+        stop = False
+        if not self.parts.validation.partial:  # else no metric of this epoch to go by
+            self.metrics.scalars(val, self.progress.step)
+            stop = self.parts.early_stopping.should_stop(val)
+            self.parts.best_model.update(val, self.progress.step, self.position.epoch + 1, model)
         bad_in_epoch = self.progress.bad_samples - self.bad_before_epoch
         self.bad_before_epoch = self.progress.bad_samples
         if self.parts.env.is_main:  # world-wide numbers: one line, not one per rank

@@ -56,8 +56,7 @@ class RollCall:
         self._done, self._thread = threading.Event(), None
         self._polled = time.monotonic()  # the answering thread's last poll
         self._frozen = False
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted world: new keys
-        self.prefix = f"dpt/rollcall/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{restart}/"
+        self.prefix = "dpt/rollcall/"  # each world's store is its own, a restart's too
 
     def _client(self, timeout_s: float) -> dist.TCPStore:
         host, port = self.address

@@ -363,6 +363,9 @@ class Checkpoints:
         self.token = broadcast_object(os.getpid(), env)
         self.history: list[Committed] = []  # rank 0: committed on this run's line, in order
         self.named: set[Path] = set()  # strays already named in a warning
+        # A restart of the job that wrote this folder's earlier work (torchrun's): where it
+        # left no checkpoint, the run starts over here rather than refusing that work.
+        self.restarted = False
 
     # --- saving ---
 
@@ -519,6 +522,10 @@ class Checkpoints:
                 f"({damaged} found), nothing trained or moved; {ways_on}"
             )
         run_dir = self.folder.parent
+        if self.restarted:
+            if self.env.is_main:
+                log.info(f"no checkpoint in {self.folder} yet: the restarted job starts over")
+            return
         # Rank 0 reads the folder (every event file) for all.
         work = earlier_work(run_dir, len(step_folders(self.folder))) if self.env.is_main else None
         work = broadcast_object(work, self.env)

@@ -41,6 +41,8 @@ APPLIED = (
     "dataset.cache_dir",
     "dataset.cache_limit_gb",
     "dataset.retries",
+    "dataset.outage_s",
+    "dataset.max_skipped_fraction",
     "dataset.timeout_s",
     "optimizer.lr",
     "optimizer.weight_decay",
