@@ -98,8 +98,14 @@ def _published_store(agent: dist.TCPStore, host: str, timeout: timedelta) -> dis
     while True:
         port = int(agent.get(ATTEMPT_STORE_KEY).split()[0])  # waits for the first attempt's
         if _listening(host, port):
-            return dist.TCPStore(host, port, is_master=False, timeout=timeout,
-                                 wait_for_workers=False)  # fmt: skip
+            try:  # a store answers its client's greeting at once
+                store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
+                                      timeout=timedelta(seconds=5 * STALE_RETRY_S))  # fmt: skip
+            except dist.DistError:  # the old port, taken since by something else
+                pass
+            else:
+                store.set_timeout(timeout)
+                return store
         if time.monotonic() > deadline:
             raise DptError(
                 f"no store of this world's rank 0 at {host}:{port} within "

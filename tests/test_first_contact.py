@@ -7,19 +7,18 @@ import logging
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 
-from dpt.config import cpu_cores, register_configs
+from dpt.config import cpu_cores
 from dpt.errors import DptError
 from dpt.launch.launchers import MAX_PROCESSES_PER_CORE, check_cpu_processes
 from dpt.loop.schedulers import warmup_cosine
+from tests.helpers import compose
 
 
 def _dataset(option: str, *overrides: str) -> dict[str, object]:
-    register_configs()
-    with initialize_config_module("dpt.conf", version_base="1.3"):
-        cfg = compose("config", [f"dataset={option}", *overrides])
-    return dict(cfg.dataset)
+    """Composed as train.py composes it (Hydra's global state cleared around it: a test before
+    this one in the same process may have left it set)."""
+    return dict(compose(f"dataset={option}", *overrides).dataset)
 
 
 def test_loader_workers_default_to_at_most_the_cores() -> None:

@@ -48,6 +48,10 @@ SKIPPED = {
     "python -m benchmarks": "benchmarks of minutes; tests/test_bench.py covers them",
     "torchrun --nnodes=2": "needs two machines ($HEAD); tests/test_multinode.py runs two nodes",
     "python train.py -m launcher=slurm": "needs a SLURM cluster; tests/test_slurm.py starts one",
+    "python train.py -m hydra/launcher=joblib hydra.launcher.n_jobs=2 strategy=ddp": (
+        "this very sweep (trainer.seed=1,2) runs in tests/test_sweeps.py::"
+        "test_joblib_runs_two_ddp_jobs_at_once, which also checks that the two jobs overlap"
+    ),
 }
 # Runs whose meaning depends on their length: run as written, never shortened.
 AS_WRITTEN = ("scheduler=warmup_cosine",)

@@ -63,7 +63,6 @@ class Trainer:
         self.rng = RNGState(parts.env.rank, parts.env.world_size)
         # The optimizer's and schedule's settings as configured, before any checkpoint loads.
         self.configured = resume_apply.Settings.of(self.optimizer, self.scheduler)
-        self.bad_before_epoch = 0  # progress.bad_samples when the epoch began: its epoch line
         # The step's forwards and backwards: the loop below, or the strategy's own schedule
         # (a pipeline streams the micro-batches through its stages).
         self.run_micro_batches = parts.strategy.forward_backward or self.forward_backward
@@ -223,7 +222,7 @@ class Trainer:
     def check_skipped(self) -> None:
         """At an agreement (every rank knows the world's count): more samples of damaged shards
         skipped this epoch than dataset.max_skipped_fraction allows stop the run here."""
-        limit, bad = self.parts.max_skipped, self.progress.bad_samples - self.bad_before_epoch
+        limit, bad = self.parts.max_skipped, self.progress.bad_in_epoch()
         if limit is None or bad <= limit:
             return
         size = len(self.parts.loaders.train.dataset)
@@ -237,15 +236,18 @@ class Trainer:
         """This step's checkpoint where every rank is here to write it (`agreed`), else the
         newest committed one."""
         step, run_dir = self.progress.step, self.parts.run_dir
+        newest = committed(self.parts.checkpoints.folder)
         if agreed:
-            path = self.save_checkpoint()
-            saved = f"at step {step} with a checkpoint ({path})" if path else f"at step {step}"
+            path: Path | None = self.save_checkpoint()
         else:
-            newest = committed(self.parts.checkpoints.folder)
-            saved = f"at step {step}" + (
-                f"; its newest checkpoint is step {newest[-1].step} ({newest[-1].path})"
-                if newest else ", before any checkpoint"
-            )  # fmt: skip
+            path = newest[-1].path if newest and newest[-1].step == step else None
+        if path is not None:
+            saved = f"at step {step} with a checkpoint ({path})"
+        elif newest:
+            last = newest[-1]
+            saved = f"at step {step}; its newest checkpoint is step {last.step} ({last.path})"
+        else:
+            saved = f"at step {step}, before any checkpoint"
         return DataStopped(
             f"{why}; stopped {saved}; the same command (hydra.run.dir={run_dir}) resumes"
         )
@@ -273,8 +275,8 @@ class Trainer:
             self.metrics.scalars(val, self.progress.step)
             stop = self.parts.early_stopping.should_stop(val)
             self.parts.best_model.update(val, self.progress.step, self.position.epoch + 1, model)
-        bad_in_epoch = self.progress.bad_samples - self.bad_before_epoch
-        self.bad_before_epoch = self.progress.bad_samples
+        bad_in_epoch = self.progress.bad_in_epoch()
+        self.progress.bad_at_epoch_start = self.progress.bad_samples
         if self.parts.env.is_main:  # world-wide numbers: one line, not one per rank
             log_epoch(self.position.epoch, self.progress.step, self.metrics.last_world_loss, val,
                       bad_in_epoch)  # fmt: skip

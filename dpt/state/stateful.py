@@ -24,16 +24,23 @@ from dpt.models import unwrap
 
 @dataclass
 class Progress:
-    """Optimizer steps done, and unreadable samples skipped world-wide (plain numbers only)."""
+    """Optimizer steps done, and unreadable samples skipped world-wide (plain numbers only): in
+    all, and by the start of the epoch in progress (its epoch line, max_skipped_fraction)."""
 
     step: int = 0
     bad_samples: int = 0
+    bad_at_epoch_start: int = 0
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.bad_samples = int(state["step"]), int(state["bad_samples"])
+        # Checkpoints written before it was kept: the epoch's count from the run's start.
+        self.bad_at_epoch_start = int(state.get("bad_at_epoch_start", 0))
+
+    def bad_in_epoch(self) -> int:
+        return self.bad_samples - self.bad_at_epoch_start
 
 
 def _state_dicts() -> ModuleType:
