@@ -178,7 +178,7 @@ def test_torchrun_restarts_continue_one_run_folder_from_its_checkpoint(
     (run_dir,) = (tmp_path / "outputs").glob("*/*")  # one run folder, every attempt's
     assert re.search(
         rf"\[rank 0\] torchrun restart 1 of 2: resumed from {re.escape(str(run_dir))}"
-        r"/checkpoints/step-000000(05|10) at step (5|10)\n",
+        r"/checkpoints/step-0*(\d+) at step \1\n",  # 10, or a later one the kill came after
         result.stdout,
     ), result.stdout
     full, cut = load_weights(world["restarts-full"].run_dir), load_weights(run_dir)
