@@ -238,6 +238,9 @@ def test_a_folder_with_an_earlier_runs_work_is_never_trained_from_step_0(
         f"no checkpoint to continue from, nothing trained; {WAYS_ON}"
     )
     assert _checkpoints(tmp_path).resume("never", _parts()) is None  # asked for: starts over
+    restarted = _checkpoints(tmp_path)  # a torchrun restart of the job that left that work
+    restarted.restarted = True
+    assert restarted.resume("auto", _parts()) is None  # starts over in its own folder
 
 
 def test_curves_without_a_trained_step_are_no_history(tmp_path: Path) -> None:
