@@ -55,13 +55,15 @@ def _lock(folder: Path) -> None:
     folder. A multirun's jobs are locked by the task (their folders are known only there)."""
     if not run_lock.holds_lock_here():
         return
-    # A restarted torchrun job's folder: its previous attempt's ranks are being stopped.
-    wait_s = RESTART_LOCK_WAIT_S if torchrun_job.in_torchrun_job() else 0.0
+    # The folder an earlier attempt of this torchrun job recorded: that attempt's ranks are
+    # being stopped. Any other folder in use is refused at once, as without torchrun.
+    ours = torchrun_job.recorded_run_dir() == str(folder.resolve())
     try:
-        run_lock.acquire(folder, wait_s)
+        run_lock.acquire(folder, RESTART_LOCK_WAIT_S if ours else 0.0)
     except DptError as error:
         raise Abort(error) from error
-    torchrun_job.record(folder)
+    if not ours:  # the job's first attempt: where its later ones run
+        torchrun_job.record(folder)
 
 
 def check_writable(folder: Path, key: str) -> None:

@@ -63,9 +63,14 @@ def record(folder: Path) -> None:
     agent_store(STORE_TIMEOUT).set(RUN_DIR_KEY, str(folder.resolve()))
 
 
+def is_restart() -> bool:
+    """An attempt after the first (after a failure; a change of members keeps the count)."""
+    return in_torchrun_job() and restart() > 0
+
+
 def attempt() -> str:
     """`torchrun restart 1 of 2: ` on an attempt after the first, else nothing."""
-    if restart() == 0 or not in_torchrun_job():
+    if not is_restart():
         return ""
     return f"torchrun restart {restart()} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: "
 

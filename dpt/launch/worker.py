@@ -153,7 +153,7 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     trainer = Trainer(parts)
     if env.is_main:  # where to look, and what `hydra.run.dir=` resumes
         log.info(f"run folder {run_dir}")
-    parts.checkpoints.restarted = bool(torchrun_job.attempt())
+    parts.checkpoints.restarted = torchrun_job.is_restart()
     finished = _resume(trainer, parts)
     if finished is not None:
         parts.metrics.close()

@@ -364,7 +364,8 @@ class Checkpoints:
         self.history: list[Committed] = []  # rank 0: committed on this run's line, in order
         self.named: set[Path] = set()  # strays already named in a warning
         # A restart of the job that wrote this folder's earlier work (torchrun's): where it
-        # left no checkpoint, the run starts over here rather than refusing that work.
+        # left no checkpoint, the run starts over here rather than refusing that work. Rank 0's
+        # counts (agents of one world may have restarted a different number of times).
         self.restarted = False
 
     # --- saving ---
@@ -522,12 +523,12 @@ class Checkpoints:
                 f"({damaged} found), nothing trained or moved; {ways_on}"
             )
         run_dir = self.folder.parent
-        if self.restarted:
-            if self.env.is_main:
-                log.info(f"no checkpoint in {self.folder} yet: the restarted job starts over")
-            return
-        # Rank 0 reads the folder (every event file) for all.
-        work = earlier_work(run_dir, len(step_folders(self.folder))) if self.env.is_main else None
+        # Rank 0 reads the folder (every event file) and decides for all (its `restarted`).
+        work = None
+        if self.env.is_main and self.restarted:
+            log.info(f"no checkpoint in {self.folder} yet: the restarted job starts over")
+        elif self.env.is_main:
+            work = earlier_work(run_dir, len(step_folders(self.folder)))
         work = broadcast_object(work, self.env)
         if work:
             raise CheckpointError(
