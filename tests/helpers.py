@@ -7,6 +7,7 @@ import csv
 import ipaddress
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -167,6 +168,15 @@ def cmd_until(
             proc.wait()
     assert_no_leftovers(proc.pid)
     return Result(proc.returncode, "".join(lines) + stdout, stderr)
+
+
+_RANK_PID = re.compile(r"\[rank (\d+)\] pid (\d+) \|")
+
+
+def rank_pid(run_dir: Path, rank: int) -> int:
+    """A rank's pid, from the start line in its log (`[rank 1] pid 4242 | strategy=...`)."""
+    log = (run_dir / "logs" / f"rank{rank}.log").read_text()
+    return int(dict(_RANK_PID.findall(log))[str(rank)])
 
 
 def is_running(pid: int) -> bool:

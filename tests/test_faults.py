@@ -30,6 +30,7 @@ from tests.helpers import (
     is_running,
     junk_files,
     load_weights,
+    rank_pid,
     read_checkpoint,
     run_until,
     run_world,
@@ -52,7 +53,6 @@ DDP = [
     "trainer.log_every_n_steps=5",
 ]
 RAISING = ["model._target_=tests.faults.RaisingMLP"]
-PID = re.compile(r"\[rank (\d)\] pid (\d+) \|")
 
 
 @pytest.mark.timeout(120)
@@ -135,8 +135,7 @@ def _sigkill_rank_1_at_step_10(run_dir: Path, overrides: list[str]) -> Result:
     """Run until rank 0 logs step 10, then SIGKILL rank 1 (its pid from its start line)."""
 
     def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
-        pids = dict(PID.findall((run_dir / "logs" / "rank1.log").read_text()))
-        os.kill(int(pids["1"]), signal.SIGKILL)
+        os.kill(rank_pid(run_dir, 1), signal.SIGKILL)
 
     return run_until(run_dir, overrides, "[rank 0] epoch 1 | step 10/", kill_rank_1)
 
@@ -170,8 +169,8 @@ def test_torchrun_restarts_continue_one_run_folder_from_its_checkpoint(
            "launcher=torchrun", *overrides]  # fmt: skip
 
     def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
-        (log,) = (tmp_path / "outputs").glob("*/*/logs/rank1.log")
-        os.kill(int(dict(PID.findall(log.read_text()))["1"]), signal.SIGKILL)
+        (run_dir,) = (tmp_path / "outputs").glob("*/*")
+        os.kill(rank_pid(run_dir, 1), signal.SIGKILL)
 
     result = cmd_until(cmd, "[rank 0] epoch 1 | step 10/", kill_rank_1, cwd=tmp_path)
     assert result.returncode == 0, result.output
@@ -194,8 +193,7 @@ def test_dpt_torchrun_ends_a_job_whose_restarts_are_used_up_in_one_line(tmp_path
            str(TRAIN), "launcher=torchrun", *overrides, f"hydra.run.dir={tmp_path}"]  # fmt: skip
 
     def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
-        pids = dict(PID.findall((tmp_path / "logs" / "rank1.log").read_text()))
-        os.kill(int(pids["1"]), signal.SIGKILL)
+        os.kill(rank_pid(tmp_path, 1), signal.SIGKILL)
 
     result = cmd_until(cmd, "[rank 0] epoch 1 | step 10/", kill_rank_1)
     assert result.returncode == 1
@@ -259,9 +257,7 @@ def test_a_killed_torchrun_agent_takes_its_ranks_with_it(tmp_path: Path) -> None
         for line in agent.stdout:
             lines.append(line)
             if "[rank 0] epoch 1 | step 10/" in line:
-                for rank in (0, 1):
-                    log = (tmp_path / "logs" / f"rank{rank}.log").read_text()
-                    ranks.append(int(dict(PID.findall(log))[str(rank)]))
+                ranks += [rank_pid(tmp_path, rank) for rank in (0, 1)]
                 os.kill(agent.pid, signal.SIGKILL)
                 break
         killed_at = time.monotonic()
@@ -333,10 +329,9 @@ def test_a_stopped_rank_is_named_and_the_run_ends_within_the_timeout(tmp_path: P
     stopped: dict[str, float] = {}
 
     def stop_rank_1(proc: subprocess.Popen[str], line: str) -> None:
-        pids = dict(PID.findall((tmp_path / "logs" / "rank1.log").read_text()))
-        os.kill(int(pids["1"]), signal.SIGSTOP)
+        stopped["pid"] = rank_pid(tmp_path, 1)
+        os.kill(int(stopped["pid"]), signal.SIGSTOP)
         stopped["at"] = time.monotonic()
-        stopped["pid"] = int(pids["1"])
 
     overrides = [*FAST, *DDP, f"trainer.timeout_s={timeout_s}", "trainer.max_steps=5000",
                  "dataset.num_samples=65536"]  # fmt: skip

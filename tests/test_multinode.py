@@ -26,6 +26,7 @@ from tests.helpers import (
     free_port,
     load_weights,
     max_abs_diff,
+    rank_pid,
     run_cmd,
     run_here,
     run_world,
@@ -34,8 +35,6 @@ from tests.helpers import (
     world_run,
 )
 from tests.netns import TwoHosts
-
-PID = re.compile(r"\[rank (\d)\] pid (\d+) \|")
 
 pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
 
@@ -152,14 +151,6 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def _rank_pids(run_dir: Path) -> dict[int, int]:
-    """rank -> pid, from each rank's start line in its log."""
-    pids = {}
-    for log in (run_dir / "logs").glob("rank*.log"):
-        pids.update({int(r): int(p) for r, p in PID.findall(log.read_text())})
-    return pids
-
-
 @pytest.mark.timeout(240)
 def test_a_lost_node_and_the_survivor_finishes_at_half_the_world(tmp_path: Path) -> None:
     """`--nnodes=1:2`: two agents, one rank each; after a checkpoint one agent and its rank are
@@ -180,7 +171,9 @@ def test_a_lost_node_and_the_survivor_finishes_at_half_the_world(tmp_path: Path)
     lost = start(node(host=False), ENV)
 
     def kill_the_other_node(survivor: subprocess.Popen[str], line: str) -> None:
-        (rank,) = [pid for pid in _rank_pids(run_dir).values() if _parent(pid) == lost.pid]
+        (rank,) = [
+            pid for pid in (rank_pid(run_dir, r) for r in (0, 1)) if _parent(pid) == lost.pid
+        ]
         os.killpg(lost.pid, signal.SIGKILL)  # the agent (its rank runs in a session of its own)
         os.kill(rank, signal.SIGKILL)
 

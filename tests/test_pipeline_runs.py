@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -36,6 +35,7 @@ from tests.helpers import (
     load_weights,
     max_abs_diff,
     one_thread,
+    rank_pid,
     run_until,
 )
 
@@ -266,7 +266,6 @@ def test_the_benchmark_measures_each_stages_bubble_and_state(runs: Path) -> None
     assert max(s["state_mb"] for s in stages) < whole < sum(s["state_mb"] for s in stages)
 
 
-PID = re.compile(r"\[rank (\d)\] pid (\d+) \|")
 KILLED = [*SGD, "dataset.num_samples=8192", "trainer.max_steps=400", "checkpoint.every_n_steps=5",
           "trainer.batch_size=64"]  # fmt: skip
 
@@ -279,8 +278,7 @@ def test_a_pipeline_killed_by_sigkill_resumes_on_one_process(tmp_path: Path) -> 
     run = tmp_path / "killed"
 
     def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
-        pids = dict(PID.findall((run / "logs" / "rank1.log").read_text()))
-        os.kill(int(pids["1"]), signal.SIGKILL)
+        os.kill(rank_pid(run, 1), signal.SIGKILL)
 
     killed = run_until(run, [*KILLED, "strategy=pipeline"], "[rank 0] epoch 1 | step 10/",
                        kill_rank_1)  # fmt: skip

@@ -183,6 +183,7 @@ def _fetch(
             spent = time.monotonic() - start
             if not failure.retryable:
                 raise ShardUnavailable(f"{what} {url}: {failure.reason}") from None
+            wait = min(policy.backoff_s * 2**attempt, MAX_BACKOFF_S)
             if failure.outage:
                 left = policy.outage_s - spent
                 if left <= 0:
@@ -190,7 +191,7 @@ def _fetch(
                         f"{what} {url}: {failure.reason}; no answer for {spent:.0f} s "
                         f"(dataset.outage_s={policy.outage_s:g}, {_tries(attempt + 1)})"
                     ) from None
-                wait = min(policy.backoff_s * 2**attempt, MAX_BACKOFF_S, left)
+                wait = min(wait, left)
                 then = f"retry {attempt + 1} in {wait:.3g} s ({left:.0f} s of outage_s left)"
             else:
                 damaged += 1
@@ -199,7 +200,6 @@ def _fetch(
                         f"{what} {url}: {failure.reason}, gave up after "
                         f"{_tries(attempt + 1)} over {spent:.1f} s"
                     ) from None
-                wait = min(policy.backoff_s * 2**attempt, MAX_BACKOFF_S)
                 then = f"retry {damaged} of {policy.retries} in {wait:g} s"
             log.warning(f"{what} {url}: {failure.reason}; {then}")
             time.sleep(wait)
