@@ -29,24 +29,38 @@ class EarlyStoppingConfig:
     # The task's watched metric by default (task.watch, in task.mode): val/loss (min) for
     # classification, binary and regression, val/map (max) for multilabel.
     metric: str = "${task.watch}"
-    mode: str = "${task.mode}"
-    patience: int | None = None  # null = off
-    min_delta: float = 0.0
+    mode: str = "${task.mode}"  # min or max: which way the metric is better
+    patience: int | None = None  # epochs without improvement before the run stops; null: off
+    min_delta: float = 0.0  # the least change of the metric that counts as an improvement
 
 
 @dataclass
 class TrainerConfig:
-    epochs: int = 3
+    """The loop: how long, how large a batch, on which device and in what precision."""
+
+    epochs: int = 3  # passes over the training set, where trainer.max_steps is not set
+    # The run's length in optimizer steps, as many epochs as that takes (trainer.epochs is then
+    # not used; the start line says which of the two ends the run); null: trainer.epochs.
     max_steps: int | None = None
+    # Per process for ddp and fsdp (per replica for pipeline); the whole batch for single and
+    # dp. The global batch: batch_size x world size x grad_accum_steps.
     batch_size: int = 64
-    seed: int = 0
+    seed: int = 0  # data, shuffling, augmentation and initial weights (0 .. 2**32 - 1)
+    # How often metrics are logged and printed: the ranks agree at those steps (or every 50 ms
+    # where steps are faster), so a signal or a NaN is acted on within this many steps.
     log_every_n_steps: int = 10
-    device: str = "auto"
+    device: str = "auto"  # auto (CUDA, then MPS, then CPU), cuda, mps or cpu
+    # Seconds a rank waits in a collective before it fails; the run then names the rank that
+    # stopped answering.
     timeout_s: float = 300.0
+    # 32, bf16-mixed (autocast on CPU and CUDA) or 16-mixed (CUDA, with a gradient scaler).
     precision: str = "32"
+    # Micro-batches per optimizer step; ddp all-reduces (fsdp reduce-scatters) only on the last.
     grad_accum_steps: int = 1
+    # Clip the gradients to this global norm (the norm before clipping is logged as
+    # optim/grad_norm); null: no clipping.
     grad_clip_norm: float | None = None
-    compile: bool = False
+    compile: bool = False  # torch.compile the (wrapped) model
     # One device's peak TFLOP/s at the run's precision, for MFU (models that count their FLOPs:
     # model=gpt); null: dpt's table of A100, H100 and H200, else TFLOP/s achieved instead.
     peak_tflops: float | None = None
@@ -60,9 +74,13 @@ class TrainerConfig:
 
 @dataclass
 class CheckpointConfig:
+    """Checkpoints (`<run>/checkpoints/step-<8 digits>/`, written through DCP) and resuming."""
+
+    # Write checkpoints at each epoch's end, every every_n_steps, and where a run is cut short
+    # (SIGTERM, Ctrl-C, a monitor's stop).
     enabled: bool = True
-    every_n_steps: int | None = None
-    keep: int = 3
+    every_n_steps: int | None = None  # also write one every this many optimizer steps
+    keep: int = 3  # how many of this run's newest committed checkpoints are kept
     # auto: the newest good checkpoint of the run folder (a damaged one is skipped, said so); a
     # folder with an earlier run's work but none to resume is refused. never (or null): start
     # over, the folder's step folders moved aside. A checkpoint folder: start from that one.
@@ -134,6 +152,8 @@ class MonitorConfig:
 
 @dataclass
 class SweepConfig:
+    """What each job of a sweep returns to its sweeper."""
+
     # What a search (`hydra/sweeper=optuna`) optimizes, the number dpt's job returns: auto (the
     # watched validation metric, trainer.early_stopping.metric in its mode, at its best epoch;
     # the final train loss where there is no validation), one of the task's validation metrics

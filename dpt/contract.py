@@ -16,7 +16,7 @@ an object shaped as `DataModule` below. A target is an int class label or a tens
 training sample's random draws come from torch's generator seeded from (seed, epoch, index), so
 a transform that draws from torch's global generator resumes exactly.
 
-README.md ("Your own model and data", "Any problem: tasks") and `examples/own_model/` show both.
+docs/guides/own-model-and-data.md, docs/guides/tasks.md and `examples/own_model/` show both.
 """
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ def _omegaconf_line(error: OmegaConfBaseException) -> str:
         return (
             f"{key}: a key of the built-in {group} option cannot be deleted; for your own "
             f"{group}, give it a config file of its own (--config-dir DIR with "
-            f"DIR/{group}/<name>.yaml; README: Your own model and data)"
+            f"DIR/{group}/<name>.yaml; docs/guides/own-model-and-data.md)"
         )
     return f"{key}: {message}"
 

@@ -19,7 +19,7 @@ from dpt.errors import ConfigError
 ENV = "DPT_IMPORT_PATH"
 HINT = (
     "dpt imports your code from the folder it was started in and from PYTHONPATH "
-    "(README: Your own model and data)"
+    "(docs/guides/own-model-and-data.md)"
 )
 
 

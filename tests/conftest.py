@@ -49,7 +49,7 @@ LONGEST_FIRST = (
     "test_network.py",
     "test_slurm.py",
     "test_soak.py",
-    "test_readme.py",
+    "test_docs_commands.py",
     "test_monitor_runs.py",
     "test_pipeline_runs.py",
     "test_task_readme.py",

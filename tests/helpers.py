@@ -418,16 +418,22 @@ def small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", str(folder)], check=True)
 
 
-def readme_block(tag: str) -> list[str]:
-    """The command lines of README's ```bash <tag> blocks, in order, comments dropped."""
-    blocks = (REPO / "README.md").read_text().split(f"```bash {tag}\n")[1:]
+# The pages whose command blocks the tests run: README.md and every page of the docs site.
+DOC_PAGES = (REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")))
+
+
+def docs_block(tag: str) -> list[str]:
+    """The command lines of the ```bash <tag> blocks of the docs' pages, in order, comments
+    dropped."""
+    text = "".join(page.read_text() for page in DOC_PAGES)
+    blocks = text.split(f"```bash {tag}\n")[1:]
     text = "\n".join(block.split("```", 1)[0] for block in blocks)
     lines = (line.split(" # ", 1)[0].strip() for line in text.splitlines())
     return [line for line in lines if line]
 
 
-def run_readme_block(tag: str, root: Path) -> tuple[Path, dict[str, Result]]:
-    """README's ```bash <tag> lines run word for word from `root` (laid out like a clone:
+def run_docs_block(tag: str, root: Path) -> tuple[Path, dict[str, Result]]:
+    """The docs' ```bash <tag> lines run word for word from `root` (laid out like a clone:
     examples/, scripts/), `cd` followed; returns the last folder and each command's result."""
     import shlex
 
@@ -438,7 +444,7 @@ def run_readme_block(tag: str, root: Path) -> tuple[Path, dict[str, Result]]:
         for name in ("dpt", "dpt-predict", "dpt-generate", "dpt-tokenizer", "dpt-shards")
     }
     cwd, results = root, {}
-    for command in readme_block(tag):
+    for command in docs_block(tag):
         args = shlex.split(command)
         if args[0] == "cd":
             cwd = cwd / args[1]

@@ -99,7 +99,7 @@ def test_user_code_is_found_in_the_start_folder_and_in_every_rank(
         user_code.check_importable("my_models_abc.Net", "model._target_")
     assert str(caught.value) == (
         "model._target_=my_models_abc.Net: cannot import my_models_abc; dpt imports your code "
-        "from the folder it was started in and from PYTHONPATH (README: Your own model and data)"
+        "from the folder it was started in and from PYTHONPATH (docs/guides/own-model-and-data.md)"
     )
     user_code.add_start_folder()  # the launcher
     assert sys.path[-2:] == [str(tmp_path), "/an/enclosing/run"]  # last: it shadows nothing

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow  # every test here trains ResNets or ranks
 def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The COCO fixture's labelled JPEGs in class folders, 28 train and 13 val, without its
     truncated training JPEG: a step that drops a sample weighs each rank's mean equally under
-    ddp (README: Images), so no world size equals another on it."""
+    ddp (docs/guides/own-model-and-data.md: Images), so no world size equals another on it."""
     root = tmp_path_factory.mktemp("shapes")
     write_image_folder(root / "coco", make_fixture(root / "coco"), root / "folder")
     (root / "folder" / "train" / "red" / "000000000109.jpg").unlink()

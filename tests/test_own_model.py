@@ -1,4 +1,4 @@
-"""README's "Your own model and data", run word for word in a fresh folder: the example's own
+"""docs/guides/own-model-and-data.md, run word for word in a fresh folder: the example's own
 CNN on an image folder made from the fixture's JPEGs, single and ddp, then `dpt-predict` on the
 validation folder; the example's own data set module; and what the runs leave behind."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dpt.data.images import ImageDecodeError, read_image_rgb, val_transform
-from tests.helpers import Result, run_readme_block
+from tests.helpers import Result, run_docs_block
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Result]]:
     """A folder laid out like a clone (examples/, scripts/), where every line ran as written."""
-    return run_readme_block("own-model", tmp_path_factory.mktemp("own_model"))
+    return run_docs_block("own-model", tmp_path_factory.mktemp("own_model"))
 
 
 def test_the_section_trains_single_and_ddp_with_the_users_own_model(

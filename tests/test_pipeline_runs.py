@@ -238,9 +238,9 @@ def test_each_stage_logs_its_compute_idle_time_and_bubble(runs: Path) -> None:
 
 @pytest.mark.timeout(600)
 def test_the_readme_pipeline_lines_train_and_sample(tmp_path: Path) -> None:
-    from tests.helpers import run_readme_block
+    from tests.helpers import run_docs_block
 
-    folder, results = run_readme_block("pipeline", tmp_path)
+    folder, results = run_docs_block("pipeline", tmp_path)
     run = folder / "outputs" / "gpt_pp"
     metrics = json.loads((run / "metrics.json").read_text())
     assert (metrics["world_size"], metrics["steps"]) == (2, 20)

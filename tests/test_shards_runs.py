@@ -44,7 +44,8 @@ pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
 @pytest.fixture(scope="module")
 def coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The COCO fixture without its truncated training JPEG: a step that drops a sample weighs
-    each rank's mean equally under ddp (README: Images), so no world size would equal another."""
+    each rank's mean equally under ddp (docs/guides/own-model-and-data.md: Images), so no world
+    size would equal another."""
     root = tmp_path_factory.mktemp("coco")
     make_fixture(root)
     (root / "train2017" / "000000000109.jpg").unlink()

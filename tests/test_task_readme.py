@@ -1,4 +1,4 @@
-"""README's "Any problem: tasks", run word for word in a fresh folder: the tutorial's SimpleNet and
+"""docs/guides/tasks.md, run word for word in a fresh folder: the tutorial's SimpleNet and
 RandomDataset, their class bodies unchanged, trained with task=binary from YAML files of their
 own keys under single, dp and ddp, then `dpt-predict`; and the example's other problems."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO, Result, load_weights, max_abs_diff, run_readme_block
+from tests.helpers import REPO, Result, load_weights, max_abs_diff, run_docs_block
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Result]]:
     """A folder laid out like a clone (examples/), where every line ran as written."""
-    return run_readme_block("tasks", tmp_path_factory.mktemp("tasks"))
+    return run_docs_block("tasks", tmp_path_factory.mktemp("tasks"))
 
 
 def _metrics(run: Path) -> dict:
@@ -82,8 +82,8 @@ def test_the_other_problems_train(project: tuple[Path, dict[str, Result]]) -> No
 
 @pytest.fixture(scope="module")
 def language_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Result]]:
-    """README's "Language models" lines, as written, from a folder laid out like a clone."""
-    return run_readme_block("lm", tmp_path_factory.mktemp("lm"))
+    """docs/guides/language-models.md's lines, as written, from a folder laid out like a clone."""
+    return run_docs_block("lm", tmp_path_factory.mktemp("lm"))
 
 
 @pytest.mark.timeout(600)

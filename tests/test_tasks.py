@@ -429,8 +429,8 @@ def test_a_search_optimizes_an_own_metric_the_way_its_class_says(
          "task.metrics.acc=3: must be a node with a _target_ (a Metric class) and its keys"),
         (["task=custom", "task.loss._target_=my_losses_xyz.Focal"],
          "task.loss._target_=my_losses_xyz.Focal: cannot import my_losses_xyz; dpt imports your "
-         "code from the folder it was started in and from PYTHONPATH (README: Your own model and "
-         "data)"),
+         "code from the folder it was started in and from PYTHONPATH "
+         "(docs/guides/own-model-and-data.md)"),
         (["dataset=custom", "+dataset.train._target_=torch.nn.Linear"],
          "dataset.num_classes=null: task=classification needs the number of classes (labels 0 "
          ".. N-1)"),

@@ -96,7 +96,7 @@ def _method(g: dict[str, Any]) -> str:
         "**How.** dpt: `python train.py experiment=gpt_tiny dataset.root=<text> "
         "dataset.val_fraction=0 checkpoint.enabled=false strategy=... trainer.max_steps=...`, "
         "its stamps: the wall-clock times of rank 0's `train/loss` events. The plain loop "
-        "([plain_gpt.py](../benchmarks/plain_gpt.py)): dpt's `GPT` class and nothing else of "
+        "(`benchmarks/plain_gpt.py`): dpt's `GPT` class and nothing else of "
         "dpt; the token file through a memory map, the same windows (`block_size + 1` tokens at "
         "non-overlapping offsets), the epoch's order from a `DistributedSampler` (dpt draws the "
         "same permutation and gives each rank the same share), a batch in one indexing op, DDP "
@@ -183,7 +183,7 @@ def _memory(g: dict[str, Any]) -> str:
     return (
         "### Under ddp and fsdp: tokens/s and memory per rank\n\n"
         f"dpt alone, the same experiment and text, {w.steps} steps (logging every "
-        f"{w.log_every}), run through [stamped_train.py](../benchmarks/stamped_train.py), which "
+        f"{w.log_every}), run through `benchmarks/stamped_train.py`, which "
         "is `train.py` plus a global optimizer hook that stamps each rank's peak resident memory "
         "(`ru_maxrss`, as section 8 reads it, over the training steps); ddp and fsdp alternated "
         "round by round with the runs above. Per rank, the largest over the ranks: parameters, "

@@ -22,13 +22,13 @@ class TPESamplerConf:
     _target_: str = "optuna.samplers.TPESampler"
     seed: int | None = None  # a study started again draws on from seed + its trials so far
     n_startup_trials: int = 10  # random trials before the model takes over
-    n_ei_candidates: int = 24
-    multivariate: bool | None = None
-    consider_prior: bool | None = None
-    prior_weight: float | None = None
-    consider_magic_clip: bool | None = None
-    consider_endpoints: bool | None = None
-    warn_independent_sampling: bool | None = None
+    n_ei_candidates: int = 24  # candidates the model scores for each new trial
+    multivariate: bool | None = None  # true: the keys modelled together, not one by one
+    consider_prior: bool | None = None  # TPE's prior (the rest: TPESampler's own keys)
+    prior_weight: float | None = None  # the prior's weight
+    consider_magic_clip: bool | None = None  # a heuristic bound on the kernels' widths
+    consider_endpoints: bool | None = None  # the bounds of the space in the kernels' widths
+    warn_independent_sampling: bool | None = None  # warn when a key falls back to random
 
 
 @dataclass
@@ -36,7 +36,7 @@ class RandomSamplerConf:
     """optuna.samplers.RandomSampler."""
 
     _target_: str = "optuna.samplers.RandomSampler"
-    seed: int | None = None
+    seed: int | None = None  # null: Optuna's own (not reproducible); a study started again draws on
 
 
 @dataclass
@@ -51,7 +51,7 @@ class OptunaSweeperConf:
     # An RDB URL; null: sqlite:///<sweep folder>/optuna.db, so that the study lives with the
     # sweep and the same command (the same hydra.sweep.dir) continues it.
     storage: str | None = None
-    study_name: str | None = "dpt"
+    study_name: str | None = "dpt"  # the study's name in its storage
     n_trials: int = 20  # the study's total: a study started again runs only what is missing
     n_jobs: int = 2  # trials launched together (each a Hydra job of the configured launcher)
     # The share of a batch's trials that may fail before the sweep ends; 1.0 (the default): a
