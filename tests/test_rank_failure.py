@@ -3,6 +3,7 @@ in this process."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 
@@ -68,6 +69,9 @@ def test_a_data_set_read_in_the_rank_is_named() -> None:
 
 @pytest.mark.timeout(60)
 def test_a_loader_workers_exception_names_the_worker() -> None:
+    # Garbage of earlier tests in this process, CUDA tensors among it on a GPU machine, is freed
+    # here: a forked worker that collected it would free CUDA memory it cannot use, and abort.
+    gc.collect()
     error = _raised(lambda: next(iter(DataLoader(Boom(), batch_size=2, num_workers=1))))
     assert describe(error) == "loader worker 0 raised ValueError: cannot read sample 0"
 
