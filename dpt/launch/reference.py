@@ -318,18 +318,27 @@ their keys are your constructor's.
 """
 
 
+def _md(text: str) -> str:
+    """A comment as Markdown text: `<run>` is no HTML tag, `2**32` no emphasis and `a | b` no
+    table cell, outside its code spans (which show every character as it is)."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):
+        for char, escaped in (("<", "&lt;"), ("*", "\\*"), ("|", "\\|")):
+            parts[i] = parts[i].replace(char, escaped)
+    return "`".join(parts)
+
+
 def _table(keys: tuple[Key, ...]) -> list[str]:
     rows = ["| key | type | default | what it does |", "| --- | --- | --- | --- |"]
     for key in keys:
-        what = key.what.replace("|", "\\|")
         default = key.default.replace("|", "\\|")
-        rows.append(f"| `{key.name}` | `{key.type}` | `{default}` | {what} |")
+        rows.append(f"| `{key.name}` | `{key.type}` | `{default}` | {_md(key.what)} |")
     return rows
 
 
 def _section_lines(section: Section, level: str) -> list[str]:
     chosen = " (default)" if section.default_choice else ""
-    about = [section.about, ""] if section.about else []
+    about = [_md(section.about), ""] if section.about else []
     return [f"{level} `{section.title}`{chosen}", "", *about, *_table(section.keys), ""]
 
 
@@ -350,7 +359,7 @@ def page() -> str:
               "A bundle of choices and values (`experiment=NAME`, applied after everything else); "
               "none by default.", ""]  # fmt: skip
     for experiment in experiments():
-        lines += [f"### `experiment={experiment.name}`", "", experiment.about, "",
+        lines += [f"### `experiment={experiment.name}`", "", _md(experiment.about), "",
                   "| sets | to |", "| --- | --- |"]  # fmt: skip
         lines += [f"| `{k}` | `{v}` |" for k, v in experiment.sets] + [""]
     lines += [f"## `{SWEEPER}`", "",
