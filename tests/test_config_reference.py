@@ -9,6 +9,7 @@ import re
 import pytest
 import yaml
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from dpt import config
@@ -86,12 +87,14 @@ def help_text() -> str:
     import io
 
     out = io.StringIO()
+    hydra_cfg = HydraConfig.instance().cfg  # Hydra's help sets it: the next run here reads it
     GlobalHydra.instance().clear()
     try:
         with contextlib.redirect_stdout(out):
             show_help(["--help"])
     finally:
         GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = hydra_cfg
     return out.getvalue()
 
 
