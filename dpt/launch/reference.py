@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import inspect
 import io
 import re
@@ -63,6 +64,7 @@ class Section:
 # --- comments: what a key does ---------------------------------------------------------------
 
 
+@functools.cache  # asked once per field
 def _field_comments(cls: type) -> dict[str, str]:
     """A dataclass's fields -> the comment they carry: the comment lines right above the field
     and the one at its line's end, joined."""
