@@ -191,10 +191,12 @@ def _run(args: list[str], folder: Path, timeout: float, env: dict[str, str] | No
     (a PYTHONPATH of the line becomes the import path it gives), else as a command; fails on a
     non-zero exit where `check`."""
     env = env or {}
-    script = {sys.executable: "train.py", PROGRAMS["dpt"][0]: "dpt"}.get(args[0])
-    overrides = args[2:] if script == "train.py" else args[1:]
-    if args[:2] != [sys.executable, "train.py"] and script != "dpt":
-        script = None
+    if args[:2] == [sys.executable, "train.py"]:
+        script, overrides = "train.py", args[2:]
+    elif args[0] == PROGRAMS["dpt"][0]:
+        script, overrides = "dpt", args[1:]
+    else:  # a helper script, torchrun, dpt-shards: their own process
+        script, overrides = None, []
     in_process = script and set(env) <= {"PYTHONPATH"} and runs_in_process(overrides, folder)
     if not in_process:
         return run_cmd(args, timeout=timeout, cwd=folder, env=env, check=check)

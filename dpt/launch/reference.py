@@ -87,26 +87,23 @@ def _field_comments(cls: type) -> dict[str, str]:
     return found
 
 
-def _yaml_comments(path: Path) -> tuple[str, dict[str, str]]:
+def _yaml_comments(text: str) -> tuple[str, dict[str, str]]:
     """An option's YAML -> (its header comment, each key's comment by dotted path). A key's
     comment: the comment lines right above it and the one at its line's end, with the comment
     lines that follow aligned under that one."""
-    lines = path.read_text().splitlines()
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
     header = []
-    for line in lines:
-        if not line.startswith("#"):
-            break
+    for line in lines[:start]:
         if "@package" in line:
             continue
-        text = line.lstrip("#")  # an indented line is an example command: shown as code
-        header.append(f"`{text.strip()}`" if text.startswith("   ") else text.strip())
+        words = line.lstrip("#")  # an indented line is an example command: shown as code
+        header.append(f"`{words.strip()}`" if words.startswith("   ") else words.strip())
     found: dict[str, str] = {}
     stack: list[tuple[int, str]] = []  # (indent, key) of the enclosing keys
     above: list[str] = []
     last: tuple[str, int] | None = None  # the key whose end-of-line comment may go on, its column
-    for line in lines:
-        if line.startswith("#") and not stack and not found:  # the header
-            continue
+    for line in lines[start:]:
         stripped = line.strip()
         if stripped.startswith("#"):
             column = line.index("#")
@@ -210,6 +207,7 @@ def _composed(*overrides: str) -> dict[str, Any]:
         GlobalHydra.instance().clear()
 
 
+@functools.cache  # asked by every group's listing
 def default_choices() -> dict[str, str]:
     """Each group's option in the default job (dpt/conf/config.yaml's defaults list)."""
     defaults = OmegaConf.to_container(OmegaConf.load(CONF / "config.yaml").defaults)
@@ -236,9 +234,9 @@ def group_sections(group: str) -> list[Section]:
     sections = []
     for option, schema in sorted(config.SCHEMAS[group].items()):
         path = CONF / group / f"{option}.yaml"
-        header, comments = _yaml_comments(path)
-        package_global = "@package _global_" in path.read_text()
-        if package_global:  # keys written under `<group>:` (launcher=slurm)
+        text = path.read_text()
+        header, comments = _yaml_comments(text)
+        if "@package _global_" in text:  # keys written under `<group>:` (launcher=slurm)
             comments = {k.removeprefix(f"{group}."): v for k, v in comments.items()}
         about = header or _schema_about(schema)
         if not about:
@@ -281,7 +279,7 @@ def experiments() -> list[Experiment]:
     """Each experiment: its header comment and what it chooses and sets."""
     found = []
     for path in sorted((CONF / "experiment").glob("*.yaml")):
-        about, _ = _yaml_comments(path)
+        about, _ = _yaml_comments(path.read_text())
         node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
         sets = []
         for entry in node.pop("defaults", []):  # type: ignore[union-attr]
