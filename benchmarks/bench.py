@@ -1,7 +1,7 @@
 """dpt's performance, measured side by side; writes docs/performance.md and its plots.
 
     python -m benchmarks                   # everything (about 20 minutes on 2 CPU cores)
-    python -m benchmarks --quick           # a smoke run (1-2 minutes): fewer rounds and steps
+    python -m benchmarks --quick           # a smoke run (1-2 minutes), into outputs/benchmarks
     python -m benchmarks --sections gpu    # only the GPU path (needs CUDA)
     python -m benchmarks --out /tmp/perf   # write the report elsewhere
 
@@ -60,6 +60,8 @@ SECTIONS = (
     "pipeline_parallel",
 )  # fmt: skip
 DEFAULT_SECTIONS = SECTIONS[:5]  # memory, monitor, baseline, gpt, pipeline_parallel: on their own
+REPORT = REPO / "docs"  # where a measurement's report goes: docs/performance.md, tracked
+SMOKE_REPORT = REPO / "outputs" / "benchmarks"  # a --quick or --smoke run's (git ignores outputs/)
 # Each section: (its arguments, a temporary folder, a progress printer) -> its results, by key.
 RUNNERS: dict[str, Callable[[argparse.Namespace, Path, Say], dict[str, Any]]] = {
     "loops": loops.run,
@@ -87,7 +89,12 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         help="the machinery only, in seconds (implies --quick; tests/test_bench.py): the\n"
         "smallest runs of each section, one process each where it can",
     )  # fmt: skip
-    p.add_argument("--out", type=Path, default=REPO / "docs", help="where the report goes")
+    p.add_argument(
+        "--out", type=Path, default=None,
+        help=f"where the report goes (default {REPORT.relative_to(REPO)}; with --quick or\n"
+        f"--smoke {SMOKE_REPORT.relative_to(REPO)}: a smoke run's numbers are no\n"
+        "measurement, and never replace the tracked report)",
+    )  # fmt: skip
     p.add_argument(
         "--sections",
         default=",".join(DEFAULT_SECTIONS),
@@ -124,6 +131,8 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         except RunError:
             p.error(f"--baseline {args.baseline}: no such commit in this repository")
     args.quick = args.quick or args.smoke
+    if args.out is None:
+        args.out = SMOKE_REPORT if args.quick else REPORT
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
     args.worlds = [int(w) for w in args.world_sizes.split(",")] if args.world_sizes else [2]

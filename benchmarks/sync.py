@@ -54,6 +54,7 @@ from dpt.loop.interrupt import StopRequest
 from dpt.loop.strategy import DDP
 from dpt.models.mlp import MLP
 from dpt.models.resnet import resnet
+from dpt.observe.dashboard import one_run
 from dpt.observe.logs import setup_logging
 from dpt.observe.metrics import MetricsLogger
 
@@ -244,7 +245,7 @@ class LoopCalls:
 
     def __init__(self, env: DistEnv, run_dir: Path, every: int, spacing_s: float | None) -> None:
         self.every = every
-        self.metrics = MetricsLogger(run_dir, env, total_steps=10**9)
+        self.metrics = MetricsLogger(one_run(run_dir), env, total_steps=10**9)
         self.agreement = Agreement(env, 10**9, "error", log_every=every, spacing_s=spacing_s)
         self.stop, self.loss, self.step = StopRequest(), torch.tensor(0.5), 0
 

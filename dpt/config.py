@@ -434,7 +434,8 @@ class TextConfig:
     """Text files as windows of token ids (dpt/data/text.py), for task=language_model."""
 
     _target_: str = "dpt.data.text.TextData"
-    root: str = MISSING  # a .txt file, or a folder of them (val.txt or val/ for validation)
+    root: str = MISSING  # a text file, or a folder of them (val.txt or val/ for validation)
+    extensions: list[str] = MISSING  # a folder's files that are read, by extension (.txt)
     tokenizer: str | None = MISSING  # bytes (or null): UTF-8 bytes; or a tokenizers JSON file
     block_size: int = MISSING  # tokens a sample trains on (windows of block_size + 1)
     val_fraction: float = MISSING  # without val.txt or val/: this share of the tokens, the last

@@ -291,6 +291,14 @@ def summary(sweep: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def hydra_sweep(folder: Path) -> Path:
+    """The one sweep `-m` made from `folder` in Hydra's own place, `multirun/<date>/<time>`
+    (no hydra.sweep.dir: as a user starts it)."""
+    found = sorted((folder / "multirun").glob("*/*"))
+    assert len(found) == 1, found
+    return found[0]
+
+
 def job_tb(sweep: Path, job: int) -> Path:
     """Job `job`'s TensorBoard folder in a sweep: `<sweep>/tb/<job> <swept key=value,...>/`."""
     found = [p for p in (sweep / "tb").iterdir() if p.is_dir() and p.name.split(" ")[0] == str(job)]

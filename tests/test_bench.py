@@ -283,6 +283,20 @@ def test_baseline_section_needs_a_revision(capsys: pytest.CaptureFixture[str]) -
     assert "baseline" not in bench.DEFAULT_SECTIONS
 
 
+def test_a_quick_run_writes_its_report_where_git_does_not_track_it() -> None:
+    """`python -m benchmarks --quick`, as the docs print it, leaves the checkout unmodified:
+    its report goes to an ignored folder; a measurement's (no --quick) to docs/, tracked."""
+    from benchmarks import bench
+
+    for flags in (["--quick"], ["--smoke"]):
+        out = bench.parse_args(flags).out / "performance.md"
+        ignored = run_cmd(["git", "check-ignore", "-q", str(out)], timeout=10, cwd=REPO,
+                          check=False)  # fmt: skip
+        assert ignored.returncode == 0, f"{flags}: {out} is not ignored by git"
+    assert bench.parse_args([]).out == REPO / "docs"
+    assert bench.parse_args(["--quick", "--out", "/tmp/perf"]).out == Path("/tmp/perf")
+
+
 def test_a_job_of_another_checkout_runs_its_entry_there(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("")
     work = jobs.Workload("mlp", 64, warmup_steps=10, steps=20)

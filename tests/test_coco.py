@@ -433,7 +433,10 @@ def test_multilabel_coco_fsdp_on_two_ranks_equals_single(multilabel_runs: dict[s
     single, fsdp = (load_weights(multilabel_runs[name]) for name in names)
     weights, statistics = weight_and_statistics_diff(fsdp, single)
     assert weights < 1e-6
-    assert statistics < 1e-5  # BatchNorm's running statistics, relative (see test_shards_runs)
+    # BatchNorm's running statistics, relative (see test_shards_runs): float rounding of the
+    # variance summed in another order, 2.3e-5 on an AVX2 VM (2026-11-27, at the commit before
+    # this line changed too), under 1e-5 on others.
+    assert statistics < 5e-5
     maps = [result["val"]["val/map"] for result in results.values()]
     assert abs(maps[0] - maps[1]) < 1e-5  # val's 13 images over 2 ranks (7 and 6): measured 0
     init = torch.load(multilabel_runs["init"], weights_only=True)

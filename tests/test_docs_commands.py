@@ -3,12 +3,13 @@ fresh folder, or is named in the skip list below with the reason.
 
 Each page's ```bash blocks run in order, in one temporary folder of that page (with `scripts/`,
 `examples/` and `train.py` of this checkout linked in): a page's commands may build on its earlier
-ones (a fixture made, then trained on), never on another page's. A run that does not set it gets
-`trainer.max_steps=2`, as the getting-started page says to keep CPU runs short, and its own
-`hydra.run.dir` (`hydra.sweep.dir` for `-m`) in that folder. A line the same as one on an earlier
-page runs there, once. Blocks tagged ```bash <tag> are a guide's walk-through, run word for word
-by the test that checks what they make (`TAGGED`). The console transcripts (```` ``` ```` blocks
-of `$ command` lines) must print what they show.
+ones (a fixture made, then trained on), never on another page's. Every line runs exactly as
+written: nothing is added to it (no length, no run or sweep folder), so its runs go where a
+user's go, `outputs/<date>/<time>` and `multirun/<date>/<time>` under that folder; a line that
+would take too long says its own length (`trainer.max_steps=N`), as a user would type it. A line
+the same as one on an earlier page runs there, once. Blocks tagged ```bash <tag> are a guide's
+walk-through, run word for word by the test that checks what they make (`TAGGED`). The console
+transcripts (```` ``` ```` blocks of `$ command` lines) must print what they show.
 
 Where a command runs: `python train.py ...` and `dpt ...` lines that run no rank beside the
 command's own process (no ddp/fsdp world, no torchrun, no sweep, no loader worker processes:
@@ -61,8 +62,9 @@ SKIPPED = {
     "torchrun --nnodes=2": "needs two machines ($HEAD); tests/test_multinode.py runs two nodes",
     "python train.py -m launcher=slurm": "needs a SLURM cluster; tests/test_slurm.py starts one",
     "python train.py -m hydra/launcher=joblib hydra.launcher.n_jobs=2 strategy=ddp": (
-        "this very sweep (trainer.seed=1,2) runs in tests/test_sweeps.py::"
-        "test_joblib_runs_two_ddp_jobs_at_once, which also checks that the two jobs overlap"
+        "this very line runs, as written, in tests/test_sweeps.py::"
+        "test_the_guides_joblib_sweep_runs_two_ddp_jobs_at_once, which also checks that the two "
+        "jobs overlap"
     ),
 }
 # ```bash <tag> blocks: a guide's walk-through, run word for word (tests.helpers.run_docs_block)
@@ -73,9 +75,6 @@ TAGGED = {
     "lm": "tests/test_task_readme.py",
     "pipeline": "tests/test_pipeline_runs.py",
 }
-# Runs whose meaning depends on their length: run as written, never shortened.
-AS_WRITTEN = ("scheduler=warmup_cosine",)
-SHORT = "trainer.max_steps=2"
 PROGRAMS = {
     "python": [sys.executable],
     "dpt": [str(BIN / "dpt")],
@@ -167,22 +166,9 @@ def _split_env(args: list[str]) -> tuple[dict[str, str], list[str]]:
     return env, args
 
 
-def _argv(args: list[str], index: int, folder: Path) -> list[str]:
-    """The command's words with its program resolved, shortened and given its own folder."""
-    sweep = "-m" in args
-    args = PROGRAMS[args[0]] + args[1:]
-    if "train.py" not in args[:2] and args[0] != PROGRAMS["dpt"][0]:
-        return args  # a helper script, not a run
-    overrides = " ".join(args)
-    if "--cfg" in args or "--help" in args:
-        return args
-    if "trainer.max_steps=" not in overrides and not any(a in overrides for a in AS_WRITTEN):
-        args.append(SHORT)
-    if sweep:
-        args.append(f"hydra.sweep.dir={folder}/sweep{index:02d}")
-    elif "hydra.run.dir=" not in overrides:
-        args.append(f"hydra.run.dir={folder}/run{index:02d}")
-    return args
+def _argv(args: list[str]) -> list[str]:
+    """The command's words with its program resolved, and nothing else changed."""
+    return PROGRAMS[args[0]] + args[1:]
 
 
 def _run(args: list[str], folder: Path, timeout: float, env: dict[str, str] | None = None,
@@ -238,7 +224,7 @@ def test_docs_command_runs(
         pytest.skip(reason)
     env, args = _split_env(shlex.split(command))
     folder = folders[page]
-    result = _run(_argv(args, index, folder), folder, timeout=280, env=env)
+    result = _run(_argv(args), folder, timeout=280, env=env)
     # What a first run must not meet: DataLoader's "N worker processes" warnings, a silent
     # warmup longer than the run.
     assert "worker processes in total" not in result.output
@@ -252,6 +238,5 @@ TRANSCRIPTS = [(_name(page), *pair) for page in DOC_PAGES for pair in _transcrip
 @pytest.mark.parametrize(("page", "command", "shown"), TRANSCRIPTS)
 def test_docs_transcript(folders: dict[str, Path], page: str, command: str, shown: str) -> None:
     folder = folders[page]
-    args = [sys.executable, *shlex.split(command)[1:], f"hydra.run.dir={folder}/transcript"]
-    result = _run(args, folder, timeout=60, check=False)
+    result = _run(_argv(shlex.split(command)), folder, timeout=60, check=False)
     assert result.stderr.strip() == shown

@@ -144,8 +144,11 @@ def test_console_lines_are_rank_prefixed(tmp_path: Path) -> None:
     )
     assert re.search(r"^\[rank 1\] epoch 1 \| step 5/10 \|", result.stdout, re.M)
     assert "global batch 64" in result.stdout
-    assert re.search(
-        r"^\[rank 0\] done: 10 steps in [\d.]+ s \| [\d,]+ samples/s", result.stdout, re.M
+    assert re.search(  # the loop's pace after its first window, then the whole run's
+        r"^\[rank 0\] done: 10 steps in [\d.]+ s \| loop [\d,]+ samples/s \(world, after the "
+        r"first logging window\) \| whole run [\d,]+ samples/s \(world, ",
+        result.stdout,
+        re.M,
     )
     logs = sorted(p.name for p in (tmp_path / "run" / "logs").iterdir())
     assert logs == ["rank0.log", "rank1.log"]

@@ -211,6 +211,44 @@ def test_bad_text_and_tokenizers_are_one_line(tmp_path: Path, make, message: str
     assert text.startswith(expected[:-1]) if expected.endswith("…") else text == expected
 
 
+def test_a_folder_of_other_files_reads_with_its_extensions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder of `.py` files: dataset=text and the text commands read it once told which
+    extension (`dataset.extensions`, `--ext`); until then one line says what is there, each
+    in the words of where it was asked."""
+    from dpt.commands.shards import main as shards
+    from dpt.commands.tokenizer import main as tokenizer
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "a.py").write_text(LINES)
+    (code / "val.py").write_text(LINES[:200])
+    with pytest.raises(DptError) as caught:
+        TextData(str(code), None, 8, 0.0, str(tmp_path / "c"), 0, 0)
+    assert str(caught.value) == (
+        f"dataset.root={code}: no .txt file here; it holds .py files: "
+        "dataset.extensions=[.py] reads those"
+    )
+    data = TextData(str(code), None, 8, 0.0, str(tmp_path / "c"), 0, 0, extensions=[".py"])
+    assert data.val is not None and len(data.val) == (200 - 1) // 8  # val.py: 200 bytes
+    out = tmp_path / "tok.json"
+    for command, args, said in (
+        (tokenizer, ["--vocab-size", "300", "--out", str(out)],
+         f"--text {code}: no .txt file here; it holds .py files: --ext .py reads those"),
+        (shards, ["--block-size", "8", "--out", str(tmp_path / "s"), "--tokenizer", "bad.json"],
+         f"--text {code}: no .txt file here; it holds .py files: --ext .py reads those"),
+        (shards, ["--block-size", "8", "--out", str(tmp_path / "s"), "--tokenizer", "bad.json",
+                  "--ext", "py"],
+         "--tokenizer bad.json: file not found (or `bytes`)"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit):
+            command(["--text", str(code), *args])
+        assert capsys.readouterr().err.strip() == f"Error: {said}"
+    tokenizer(["--text", str(code), "--ext", ".py", "--vocab-size", "300", "--out", str(out)])
+    assert load_tokenizer(str(out)).vocab_size == 300
+
+
 # --- the task -------------------------------------------------------------------------------------
 
 

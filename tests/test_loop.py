@@ -22,7 +22,8 @@ from dpt.loop import agreement
 from dpt.loop.agreement import MAX_WINDOWS, SPACING_S, Agreement, NonFiniteLoss
 from dpt.loop.early_stopping import EarlyStopping
 from dpt.loop.interrupt import StopRequest
-from dpt.loop.parts import RunConfig
+from dpt.loop.parts import RunConfig, check_log_interval
+from dpt.observe.dashboard import one_run
 from dpt.observe.logs import HeldLines, setup_logging
 from dpt.observe.metrics import SINCE, WINDOW, MetricsLogger, StragglerWatch
 from tests.helpers import FAST, build_trainer, compose, free_port, joined_world, train
@@ -125,7 +126,7 @@ def _tb(folder: Path, tag: str) -> list[tuple[int, float]]:
 
 
 def test_metrics_read_back_once_and_write_once_per_window(tmp_path: Path) -> None:
-    metrics = MetricsLogger(tmp_path, CPU1, total_steps=4)
+    metrics = MetricsLogger(one_run(tmp_path), CPU1, total_steps=4)
     for loss in (1.0, 3.0):
         metrics.record(torch.tensor(loss), samples=8, bad=1, data_s=0.1, work_s=0.2,
                        grad_norm=torch.tensor(2.0))  # fmt: skip
@@ -153,7 +154,7 @@ def test_one_agreement_writes_every_window_it_carries(
 ) -> None:
     """Short windows ride on one agreement: each is still written with its own step, loss and
     line, the lines in order and in one record (one write per handler)."""
-    metrics = MetricsLogger(tmp_path, CPU1, total_steps=4)
+    metrics = MetricsLogger(one_run(tmp_path), CPU1, total_steps=4)
     for step, losses in ((1, [1.0]), (3, [3.0, 5.0])):  # windows of 1 and 2 steps
         for loss in losses:
             metrics.record(torch.tensor(loss), 8, 0, 0.0, 0.0, None)
@@ -176,6 +177,33 @@ def test_one_agreement_writes_every_window_it_carries(
     assert [line.split(" | ")[1] for line in lines] == ["step 1/4", "step 3/4"]
 
 
+def test_the_steady_pace_leaves_out_the_first_window_and_what_is_not_training(
+    tmp_path: Path,
+) -> None:
+    """The done line's loop pace: the world's samples over the windows after the first (which
+    holds start-up), validation and checkpoints not counted in any window."""
+    metrics = MetricsLogger(one_run(tmp_path), CPU1, total_steps=3)
+    for step in (1, 2, 3):
+        metrics.record(torch.tensor(1.0), 8, 0, 0.0, 0.0, None)
+        # Validation with a checkpoint inside it: out of the window's time, and once only.
+        with metrics.outside_windows(), metrics.outside_windows():
+            time.sleep(0.05)
+        metrics.end_window(step, epoch=0)
+        metrics.set_lr(0.1)
+    metrics.read_back()
+    payload = metrics.payload()
+    assert all(0 <= _window(payload, i)["elapsed"] < 0.04 for i in range(3))
+    # The world's rows as the agreement carries them: 10 s of start-up, then 2 s a window.
+    rows = [[*payload[: len(SINCE)], *(v for i, s in enumerate((10.0, 2.0, 2.0))
+             for v in {**_window(payload, i), "elapsed": s}.values())]]  # fmt: skip
+    metrics.agreed(rows)
+    steady, whole = metrics.speeds(whole_samples_per_s=1.5)
+    metrics.close()
+    assert steady is not None and steady.samples_per_s == 4.0  # 16 samples in 4 s
+    assert whole.samples_per_s == 1.5 and whole.record() == {"samples_per_s": 1.5}
+    assert steady.record("steady_") == {"steady_samples_per_s": 4.0}
+
+
 def test_held_lines_keep_their_order_and_every_line_its_rank(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -196,10 +224,30 @@ def test_held_lines_keep_their_order_and_every_line_its_rank(
     assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \[rank 3\] ", x) for x in in_file)
 
 
+def test_what_every_rank_says_alike_rank_0_says_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dpt.once` lines (what the data set holds, ...): on the console from rank 0 alone, in
+    every rank's log file."""
+    once = logging.getLogger("dpt.once")
+    try:
+        for rank in (0, 1):
+            setup_logging(f"rank {rank}", tmp_path / f"rank{rank}.log", speaks_once=rank == 0)
+            once.info("text: 98,000 training tokens")
+            logging.getLogger("dpt").info("pid 12")
+    finally:
+        setup_logging("rank 0")  # the file handlers closed
+    assert capsys.readouterr().out.splitlines() == [
+        "[rank 0] text: 98,000 training tokens", "[rank 0] pid 12", "[rank 1] pid 12",
+    ]  # fmt: skip
+    for rank in (0, 1):
+        assert "text: 98,000 training tokens" in (tmp_path / f"rank{rank}.log").read_text()
+
+
 def test_held_scalars_reach_tensorboard_on_flush_stamped_when_made(tmp_path: Path) -> None:
     """Scalars wait up to a second for TensorBoard's writer (and are handed over before every
     checkpoint): on disk they carry the time their window ended, not the hand-over's."""
-    metrics = MetricsLogger(tmp_path, CPU1, total_steps=4)
+    metrics = MetricsLogger(one_run(tmp_path), CPU1, total_steps=4)
     stamps = []
     for step in (1, 2):
         metrics.record(torch.tensor(float(step)), 8, 0, 0.0, 0.0, None)
@@ -223,7 +271,7 @@ def test_held_scalars_reach_tensorboard_on_flush_stamped_when_made(tmp_path: Pat
 
 def test_a_window_not_logged_keeps_accumulating(tmp_path: Path) -> None:
     """A checkpoint-only agreement counts samples but leaves the logging window open."""
-    metrics = MetricsLogger(tmp_path, CPU1, total_steps=20)
+    metrics = MetricsLogger(one_run(tmp_path), CPU1, total_steps=20)
     metrics.record(torch.tensor(1.0), 8, 0, 0.0, 0.0, None)
     assert metrics.read_back() == ([1.0], [])
     metrics.agreed([metrics.payload()])
@@ -374,3 +422,18 @@ def test_a_slow_rank_shows_in_the_world_metrics_and_a_warning(tmp_path: Path) ->
     fastest = [e.value for e in acc.Scalars("world/work_s_min")]
     assert len(ratios) == 6 and min(ratios) > 1.25  # every window of 5 steps
     assert min(slowest) >= 0.03 > max(fastest)  # the slow rank sleeps 30 ms per step
+
+
+def test_a_logging_interval_as_long_as_the_run_is_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """experiment=gpt_tiny (log every 200) shortened to 40 steps would show one line at the end:
+    rank 0 says so, with an interval that shows the run as it goes."""
+    with caplog.at_level(logging.WARNING, logger="dpt.once"):
+        check_log_interval(200, 40)
+        check_log_interval(10, 40)  # shorter than the run: nothing to say
+    assert [r.getMessage() for r in caplog.records] == [
+        "trainer.log_every_n_steps=200 is not shorter than the run (40 steps): its progress "
+        "shows only at the end; trainer.log_every_n_steps=4 shows it as it goes"
+    ]
+    assert caplog.records[0].name == "dpt.once"  # rank 0 alone says it on the console

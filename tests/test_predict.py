@@ -330,6 +330,29 @@ def test_run_folder_errors(run: Run, tmp_path: Path, capsys: pytest.CaptureFixtu
     )
 
 
+def test_a_sweep_folder_is_one_line_naming_its_best_run_and_its_jobs(
+    run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dpt -m` prints its sweep's folder; given to dpt-predict or dpt-generate, the line says
+    which folders inside are runs."""
+    from dpt.commands.generate import main as generate
+
+    sweep = tmp_path / "multirun" / "2026-11-27" / "12-00-00"
+    sweep.mkdir(parents=True)
+    for job in ("0", "1"):
+        _copy_run(run, sweep / job)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    (sweep / "best").symlink_to("1")
+    expected = (
+        f"{sweep} is a sweep folder, not a run folder: give one of its runs: {sweep / 'best'} "
+        f"(the best job) or a job's folder ({sweep / '0'}, {sweep / '1'})"
+    )
+    assert _error([sweep, run.readable[0]], capsys) == expected
+    with pytest.raises(SystemExit):
+        generate([str(sweep), "--prompt", "hi"])
+    assert capsys.readouterr().err.strip() == f"Error: {expected}"
+
+
 def test_a_run_without_val_transform_is_refused(
     run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -35,6 +35,7 @@ from tests.helpers import (
     run_until,
     small_tmpfs,
     train,
+    train_in_process,
 )
 
 WIDE = ["model.hidden_dims=[512,512]"]  # steps slow enough to act while the run trains
@@ -358,3 +359,39 @@ def test_a_finished_run_folder_run_again_overwrites_nothing(tmp_path: Path) -> N
     _, further = run_here(tmp_path, *FAST, "trainer.max_steps=8")
     assert "resuming with changed settings: trainer.max_steps 6 -> 8" in further
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == 8
+
+
+# --- a plain start's run folder: named by the clock, laid out as the docs say ----------------
+
+RUN_FOLDER_TABLE = REPO / "docs" / "getting-started.md"
+# Rows of the table that not every run writes, and when they are written.
+SOMETIMES = {"tokenizer.json": "a language model's", "events.jsonl": "once the monitor reports"}
+
+
+def _table_entries() -> set[str]:
+    """The run folder's top-level entries as the getting-started page's table lists them."""
+    table = RUN_FOLDER_TABLE.read_text().split("| path | written by | what |", 1)[1]
+    rows = table.strip().split("\n\n", 1)[0].splitlines()[1:]  # after the | --- | line
+    return {row.split("|")[1].strip().strip("`").split("/")[0] for row in rows}
+
+
+@pytest.mark.timeout(60)
+def test_a_run_started_in_the_same_second_as_another_gets_a_folder_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """`outputs/<date>/<time>` there already (a run that began in the same second): the new run
+    takes `<time>-1`, laid out as the run-folder table says, and the other is left as it was."""
+    import datetime
+
+    now = datetime.datetime.now()
+    taken = [now + datetime.timedelta(seconds=s) for s in range(20)]  # the run starts in these
+    for moment in taken:
+        (tmp_path / "outputs" / f"{moment:%Y-%m-%d}" / f"{moment:%H-%M-%S}").mkdir(parents=True)
+    result = train_in_process(*FAST, "trainer.max_steps=4", cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    runs = [p for p in (tmp_path / "outputs").glob("*/*") if any(p.iterdir())]
+    assert len(runs) == 1 and runs[0].name.endswith("-1"), runs
+    left = {p.name for p in runs[0].iterdir()}
+    table = _table_entries()
+    assert left <= table, f"not in the run-folder table: {left - table}"
+    assert table - set(SOMETIMES) <= left, f"in the table, not left: {table - left}"

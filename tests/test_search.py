@@ -72,7 +72,7 @@ def test_the_objective_and_its_direction(
 
 
 def test_its_value_is_the_best_epochs_or_the_final_loss() -> None:
-    summary = {"final_loss": 0.25, "best_val": {"val/acc1": 0.875, "val/loss": 0.5}}
+    summary = {"final_loss": 0.25, "best_per_metric": {"val/acc1": 0.875, "val/loss": 0.5}}
     assert objective.Objective("val/acc1", "maximize").value(summary) == 0.875
     assert objective.Objective("train/loss", "minimize").value(summary) == 0.25
     none = objective.Objective("val/acc5", "maximize")

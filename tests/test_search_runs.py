@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.helpers import TRAIN, job_tb, run_cmd, run_until, summary
+from tests.helpers import TRAIN, hydra_sweep, job_tb, run_cmd, run_until, summary
 
 pytestmark = pytest.mark.slow  # every test here runs trials
 
@@ -49,10 +49,12 @@ def objective(sweep: Path, job: int) -> dict[str, Any]:
 
 
 def test_a_tpe_study_of_ddp_trials_two_at_a_time(tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
-    search(sweep, *LR, "trainer.batch_size=choice(16,32)", "strategy=ddp",
-           "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweeper.n_jobs=2",
-           "hydra.sweeper.n_trials=6")  # fmt: skip
+    """From a fresh folder, in Hydra's own sweep folder (`multirun/<date>/<time>`)."""
+    cmd = [sys.executable, str(TRAIN), "-m", *SHORT, *LR, "trainer.batch_size=choice(16,32)",
+           "strategy=ddp", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+           "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=6"]  # fmt: skip
+    run_cmd(cmd, timeout=280, cwd=tmp_path)
+    sweep = hydra_sweep(tmp_path)
     trials = study(sweep).trials
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 6
     # What the sweeper saw is each run's own objective, trial n in job folder n.
@@ -69,6 +71,10 @@ def test_a_tpe_study_of_ddp_trials_two_at_a_time(tmp_path: Path) -> None:
     assert (sweep / "best" / "model_best.pt").is_file()
     results = OmegaConf.load(sweep / "optimization_results.yaml")
     assert results.best_value == best.value and results.best_params == best.params
+    # Each trial's TensorBoard folder names its searched values, numbers in 4 digits.
+    lr, batch = best.params["optimizer.lr"], best.params["trainer.batch_size"]
+    label = f"{best.number} optimizer.lr={lr:.4g},trainer.batch_size={batch}"
+    assert job_tb(sweep, best.number).name == label
     # HPARAMS: the objective is a metric of the sweep's experiment and every trial's session.
     acc = EventAccumulator(str(job_tb(sweep, best.number) / "world"))
     acc.Reload()

@@ -263,7 +263,10 @@ def test_a_shard_server_that_goes_away(shards: Path, tmp_path: Path) -> None:
                      cut.stdout), cut.stdout  # fmt: skip
     assert f"resumed from {cut_dir}/checkpoints/step-0000000{stopped.group(1)}" in resumed
     full = load_weights(tmp_path / "full")
-    assert max_abs_diff(full, load_weights(cut_dir)) < 1e-6
+    # Float rounding, not the resume: 1.3e-6 on an AVX2 machine (2026-11-27, at the commit
+    # before this test changed too), under 1e-6 elsewhere; a step moves the weights by over 1e-5
+    # (the control of the 2-rank test above), so 5e-6 still tells a step missed or repeated.
+    assert max_abs_diff(full, load_weights(cut_dir)) < 5e-6
     assert re.search(r"\.tar: connection closed before a response; retry 1 in 0\.5 s "
                      r"\(120 s of outage_s left\)", waited), waited  # fmt: skip
     assert max_abs_diff(full, load_weights(tmp_path / "back")) < 1e-6

@@ -20,7 +20,7 @@ import pytest
 import submitit
 from submitit.core.utils import UncompletedJobError
 
-from tests.helpers import FAST, TRAIN, run_cmd, summary
+from tests.helpers import FAST, TRAIN, hydra_sweep, run_cmd, summary
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -29,7 +29,8 @@ SLURM = ["launcher=slurm", "launcher.cpus_per_task=1", "launcher.time=5", *FAST]
 
 @pytest.mark.timeout(240)
 def test_sweep_of_two_task_ddp_and_fsdp_jobs(tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
+    """From a fresh folder, in Hydra's own sweep folder (`multirun/<date>/<time>`): every task
+    of a job writes into the sweep's folders as the process that submitted it named them."""
     result = run_cmd(
         [
             sys.executable,
@@ -39,12 +40,16 @@ def test_sweep_of_two_task_ddp_and_fsdp_jobs(tmp_path: Path) -> None:
             "launcher.tasks_per_node=2",
             "strategy=ddp,fsdp",  # both distributed strategies, as SLURM jobs of 2 tasks
             "trainer.max_steps=5",
-            f"hydra.sweep.dir={sweep}",
             # A task that wrote Hydra's files would leave .hydra_<its SLURM_PROCID>.
             "hydra.output_subdir=.hydra_${oc.env:SLURM_PROCID,none}",
         ],
         timeout=200,
+        cwd=tmp_path,
     )
+    sweep = hydra_sweep(tmp_path)
+    assert sorted(p.name for p in (sweep / "tb").iterdir() if p.is_dir()) == [
+        "0 strategy=ddp", "1 strategy=fsdp",
+    ]  # fmt: skip
     rows = summary(sweep)
     assert [(r["job"], r["status"], r["world_size"]) for r in rows] == [
         ("0", "COMPLETED", "2"),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.helpers import job_tb, summary
+from tests.helpers import hydra_sweep, job_tb, summary
 from tests.test_sweeps import SHORT_STEPS, multirun
 
 pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
@@ -25,10 +25,9 @@ def _loss_steps(folder: Path) -> list[int]:
 
 @pytest.mark.timeout(600)
 def test_eight_ddp_jobs_at_once(tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
     seeds = ",".join(str(s) for s in range(1, JOBS + 1))
     multirun(
-        sweep,
+        tmp_path,
         "hydra/launcher=joblib",
         f"hydra.launcher.n_jobs={JOBS}",
         "strategy=ddp",
@@ -39,6 +38,7 @@ def test_eight_ddp_jobs_at_once(tmp_path: Path) -> None:
         "checkpoint.enabled=false",
         timeout=580,
     )
+    sweep = hydra_sweep(tmp_path)
     rows = summary(sweep)
     assert [r["status"] for r in rows] == ["COMPLETED"] * JOBS
     ports = set()

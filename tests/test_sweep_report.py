@@ -6,14 +6,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dpt.launch.sweep import format_table, report, rows, write_status
+from dpt.launch.sweep import format_table, plot_label, report, rows, write_status
 from tests.helpers import summary
 
 
 def _job(number: int, loss: float, acc1: float) -> dict[str, object]:
-    best_val = {"val/loss": loss, "val/acc1": acc1, "val/acc5": 0.9, "val/samples": 1024}
-    result = {"final_loss": loss, "samples_per_s": 5000.0, "wall_time_s": 4.0, "best_val": best_val,
-              "world_size": 1, "steps": 20}  # fmt: skip
+    best = {"val/loss": loss, "val/acc1": acc1, "val/acc5": 0.9, "val/samples": 1024}
+    result = {"final_loss": loss, "samples_per_s": 5000.0, "wall_time_s": 4.0,
+              "best_per_metric": best, "world_size": 1, "steps": 20}  # fmt: skip
     return {"job": number, "overrides": [f"trainer.seed={number}"], "status": "COMPLETED",
             "error": None, "started_at": 100.0, "ended_at": 109.5, "result": result}  # fmt: skip
 
@@ -53,3 +53,20 @@ def test_the_best_objective_is_marked_and_its_folder_linked(tmp_path: Path, caps
     out = capsys.readouterr().out
     assert "\n1 *  " in out
     assert f"[sweep] best (*): job 1, val/acc1 0.7 (maximize): {tmp_path / 'best'}" in out
+
+
+def test_the_plot_labels_every_swept_key_with_short_numbers() -> None:
+    """A search's trial draws 16 digits: each key on its own line, 4 significant digits, none
+    cut off (the label was cut at 50 characters, the second key lost)."""
+    assert plot_label(0, "optimizer.lr=0.004430375245218269 trainer.batch_size=32") == (
+        "#0\noptimizer.lr=0.00443\ntrainer.batch_size=32"
+    )
+    assert plot_label(3, "") == "#3"
+
+
+def test_the_loop_column_is_the_steady_pace_where_the_run_had_one() -> None:
+    steady = _job(0, 2.0, 0.3)
+    steady["result"]["steady_samples_per_s"] = 9000.0  # after the first window
+    one_window = _job(1, 2.0, 0.3)  # its whole run's 5000.0
+    table = rows([{**steady, "job_dir": "0"}, {**one_window, "job_dir": "1"}])
+    assert [row["loop_samples_per_s"] for row in table] == [9000.0, 5000.0]

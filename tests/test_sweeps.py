@@ -1,8 +1,13 @@
-"""`python train.py -m ...`: every job its own world and folder, and a summary of the sweep."""
+"""`python train.py -m ...`: every job its own world and folder, and a summary of the sweep.
+
+Sweeps run from a fresh folder with Hydra's own sweep folder (`multirun/<date>/<time>`, no
+hydra.sweep.dir), as a user starts them: a job's ranks must not read Hydra's `${now:...}` again.
+"""
 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -10,7 +15,16 @@ import pytest
 import torch
 
 from dpt.launch.sweep import STATUS_FILE, report, write_status
-from tests.helpers import FAST, TRAIN, Result, job_tb, run_cmd, summary
+from tests.helpers import (
+    FAST,
+    REPO,
+    TRAIN,
+    Result,
+    hydra_sweep,
+    job_tb,
+    run_cmd,
+    summary,
+)
 
 pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
 
@@ -18,11 +32,14 @@ SHORT_STEPS = 5
 SHORT = [*FAST, f"trainer.max_steps={SHORT_STEPS}"]
 # `best`: the job with the best objective (here val/loss), its run folder linked.
 SWEEP_FILES = {"multirun.yaml", "summary.csv", "summary.png", "tb", "best"}
+SWEEPS_GUIDE = REPO / "docs" / "guides" / "sweeps.md"
+JOBLIB_LINE = "python train.py -m hydra/launcher=joblib hydra.launcher.n_jobs=2 strategy=ddp"
 
 
-def multirun(sweep: Path, *overrides: str, timeout: float = 150, check: bool = True) -> Result:
-    cmd = [sys.executable, str(TRAIN), "-m", *SHORT, *overrides, f"hydra.sweep.dir={sweep}"]
-    return run_cmd(cmd, timeout=timeout, check=check)
+def multirun(folder: Path, *overrides: str, timeout: float = 150, check: bool = True) -> Result:
+    """`train.py -m` started in `folder`: its sweep is `hydra_sweep(folder)`."""
+    cmd = [sys.executable, str(TRAIN), "-m", *SHORT, *overrides]
+    return run_cmd(cmd, timeout=timeout, cwd=folder, check=check)
 
 
 def status(job_dir: Path) -> dict:
@@ -41,41 +58,46 @@ def skip_if_mps() -> None:
 
 
 @pytest.mark.timeout(240)
-def test_two_by_two_sweep_mixing_ddp_and_single(tmp_path: Path) -> None:
-    """ddp jobs first: the single jobs after them would fail on a leftover RANK or WORLD_SIZE."""
-    sweep = tmp_path / "sweep"
-    result = multirun(sweep, "strategy=ddp,single", "trainer.batch_size=32,64", timeout=200)
+def test_a_sweep_of_every_multi_process_strategy_then_single(tmp_path: Path) -> None:
+    """ddp, fsdp and pipeline jobs (2 ranks each), then a single one: it would fail on a
+    leftover RANK or WORLD_SIZE; each rank names its TensorBoard folder as the sweep does."""
+    result = multirun(tmp_path, "strategy=ddp,fsdp,pipeline,single", timeout=200)
+    sweep = hydra_sweep(tmp_path)
     assert {p.name for p in sweep.iterdir()} == {"0", "1", "2", "3", *SWEEP_FILES}
     one = (["rank0.log"], ["rank0", "world"])
     two = (["rank0.log", "rank1.log"], ["rank0", "rank1", "world"])
-    assert [ranks_in(sweep, job) for job in range(4)] == [two, two, one, one]
+    assert [ranks_in(sweep, job) for job in range(4)] == [two, two, two, one]
+    assert sorted(p.name for p in (sweep / "tb").iterdir() if p.is_dir()) == [
+        "0 strategy=ddp", "1 strategy=fsdp", "2 strategy=pipeline", "3 strategy=single",
+    ]  # fmt: skip
     rows = summary(sweep)
     assert [(r["job"], r["status"], r["world_size"]) for r in rows] == [
         ("0", "COMPLETED", "2"),
         ("1", "COMPLETED", "2"),
-        ("2", "COMPLETED", "1"),
+        ("2", "COMPLETED", "2"),
         ("3", "COMPLETED", "1"),
     ]
-    assert {"strategy=ddp", "trainer.batch_size=64"} <= set(rows[1]["overrides"].split())
     for row in rows:
         assert float(row["final_loss"]) > 0 and float(row["loop_samples_per_s"]) > 0
         assert float(row["best_val/acc1"]) > 0 and float(row["job_wall_s"]) > 0
-    # The table names each job by what differs: the two swept keys.
-    assert "strategy=single trainer.batch_size=64" in result.stdout
+    # The pipeline's two stages train one replica's batch: the single job's run, to float noise.
+    assert float(rows[2]["final_loss"]) == pytest.approx(float(rows[3]["final_loss"]), abs=1e-5)
     assert (sweep / "summary.png").stat().st_size > 1000
+    # One console format: Hydra's own lines as `[sweep] ...`, not `[<date> <time>][HYDRA] ...`.
+    lines = result.stdout.splitlines()
+    assert "[sweep] Launching 4 jobs locally" in lines
+    assert not [line for line in lines if "[HYDRA]" in line], result.stdout
 
 
 @pytest.mark.timeout(240)
-def test_joblib_runs_two_ddp_jobs_at_once(tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
-    multirun(
-        sweep,
-        "hydra/launcher=joblib",
-        "hydra.launcher.n_jobs=2",
-        "strategy=ddp",
-        "trainer.seed=1,2",
-        timeout=200,
-    )
+def test_the_guides_joblib_sweep_runs_two_ddp_jobs_at_once(tmp_path: Path) -> None:
+    """The sweeps guide's joblib line, exactly as printed, from a fresh folder."""
+    line = next(c.split(" # ")[0].strip() for c in SWEEPS_GUIDE.read_text().splitlines()
+                if c.startswith(JOBLIB_LINE))  # fmt: skip
+    (tmp_path / "train.py").symlink_to(TRAIN)
+    args = shlex.split(line)
+    run_cmd([sys.executable, *args[1:]], timeout=200, cwd=tmp_path)
+    sweep = hydra_sweep(tmp_path)
     assert {p.name for p in sweep.iterdir()} == {"0", "1", *SWEEP_FILES}
     for job in range(2):
         assert ranks_in(sweep, job) == (["rank0.log", "rank1.log"], ["rank0", "rank1", "world"])
@@ -91,8 +113,8 @@ def test_joblib_runs_two_ddp_jobs_at_once(tmp_path: Path) -> None:
 def test_failed_job_is_listed_and_the_next_jobs_run(tmp_path: Path) -> None:
     """Job 1 fails while it starts training (no MPS here); jobs 0 and 2 run; exit status 1."""
     skip_if_mps()
-    sweep = tmp_path / "sweep"
-    result = multirun(sweep, "trainer.device=cpu,mps,auto", check=False)
+    result = multirun(tmp_path, "trainer.device=cpu,mps,auto", check=False)
+    sweep = hydra_sweep(tmp_path)
     assert result.returncode == 1, result.output
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("Error: 1 of 3 jobs failed (first: job 1: trainer.device=mps: MPS is")
@@ -106,13 +128,11 @@ def test_failed_job_is_listed_and_the_next_jobs_run(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_stop_on_failure_ends_the_sweep_at_the_first_failed_job(tmp_path: Path) -> None:
     skip_if_mps()
-    sweep = tmp_path / "sweep"
     result = multirun(
-        sweep,
-        "hydra.callbacks.summary.stop_on_failure=true",
-        "trainer.device=mps,cpu",
+        tmp_path, "hydra.callbacks.summary.stop_on_failure=true", "trainer.device=mps,cpu",
         check=False,
-    )
+    )  # fmt: skip
+    sweep = hydra_sweep(tmp_path)
     assert result.returncode == 1, result.output
     assert "sweep stopped (hydra.callbacks.summary.stop_on_failure=true)" in result.stderr
     assert not (sweep / "1").exists()

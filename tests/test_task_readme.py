@@ -105,3 +105,10 @@ def test_the_language_model_section_trains_samples_and_streams(
     assert generated.startswith("12+34=") and len(generated.strip()) > len("12+34=")
     streamed = _metrics(folder / "outputs" / "gpt_shards")
     assert streamed["steps"] == 20 and streamed["task"] == "language_model"
+    # What every rank says alike, rank 0 says once; rank 1 keeps it in its log file. The loop's
+    # pace after its first window is there beside the whole run's.
+    console = next(r for c, r in results.items() if "outputs/gpt " in f"{c} ").stdout
+    said = [line for line in console.splitlines() if "text: " in line]
+    assert len(said) == 1 and said[0].startswith("[rank 0] text: "), console
+    assert "text: " in (run / "logs" / "rank1.log").read_text()
+    assert metrics["steady_tokens_per_s"] > 0 and "| loop " in console

@@ -189,8 +189,10 @@ def test_an_own_metric_is_watched_reported_and_optimized(focal_sweep: Path) -> N
         metrics = json.loads((run / "metrics.json").read_text())
         assert metrics["objective"]["name"] == "val/brier"
         assert metrics["objective"]["direction"] == "minimize"
-        assert float(row["objective"]) == pytest.approx(metrics["best_val"]["val/brier"])
-        assert float(row["best_val/brier"]) == pytest.approx(metrics["best_val"]["val/brier"])
+        assert float(row["objective"]) == pytest.approx(metrics["best_per_metric"]["val/brier"])
+        assert float(row["best_val/brier"]) == pytest.approx(
+            metrics["best_per_metric"]["val/brier"]
+        )
         assert "best_val/acc" in row
         assert metrics["best"]["metric"] == "val/brier" and metrics["best"]["mode"] == "min"
         best_epoch_brier = min(value for _, value in _tb_world(focal_sweep, job, "val/brier"))

@@ -302,6 +302,46 @@ def test_an_own_loss_or_metric_that_cannot_work_is_one_line(
         assert text == message
 
 
+SCALAR = Targets(integer=False, shape=())  # one float per sample: a batch of (B,)
+
+
+def squeezed_mse(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A loss that meets a (B, 1) output and a (B,) target itself."""
+    return nn.functional.mse_loss(outputs.squeeze(-1), targets)
+
+
+def difference_squared(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return ((outputs - targets) ** 2).mean()  # (B, 1) - (B,): (B, B), silently
+
+
+@pytest.mark.parametrize("loss", ["torch.nn.MSELoss", f"{__name__}.difference_squared"])
+def test_a_loss_that_broadcasts_a_column_against_the_targets_is_one_line(loss: str) -> None:
+    """(B, 1) outputs against (B,) targets: the loss's value for them is not the loss of the
+    same outputs in the targets' shape, so training would fit a B x B mix of every pair."""
+    with pytest.raises(DptError) as caught:
+        _task("custom", SCALAR, 1, f"task.loss._target_={loss}").check((1,))
+    assert str(caught.value) == (
+        f"task=custom: task.loss ({loss}) broadcasts the model's output (B, 1) against the target "
+        "float (B,) (to (B, B) or wider): it gives another value for the same outputs in the "
+        "target's shape; reshape them in the loss (outputs.view_as(targets)) or in the model's "
+        "forward (to (B,))"
+    )
+
+
+@pytest.mark.parametrize(
+    ("loss", "targets", "output"),
+    [
+        (f"{__name__}.squeezed_mse", SCALAR, (1,)),  # minds the layout itself
+        ("torch.nn.MSELoss", COLUMN, (1,)),  # the same shape: nothing to broadcast
+        ("torch.nn.CrossEntropyLoss", LABELS, (10,)),  # labels and logits: not one layout
+    ],
+)
+def test_a_loss_that_meets_outputs_and_targets_as_they_are_passes(
+    loss: str, targets: Targets, output: tuple[int, ...]
+) -> None:
+    _task("custom", targets, output[0], f"task.loss._target_={loss}").check(output)
+
+
 # --- plain Dataset classes and what a model target gets -------------------------------------------
 
 

@@ -166,3 +166,6 @@ def test_job_label_keeps_the_swept_values_and_no_slash() -> None:
     label = dashboard.job_label(3, overrides, {"trainer.seed", "dataset.root"})
     assert label == "3 trainer.seed=2,dataset.root=data_coco"
     assert dashboard.job_label(0, overrides, set()) == "0"
+    trial = ["optimizer.lr=0.004430375245218269", "trainer.batch_size=32"]  # a search's
+    swept = {"optimizer.lr", "trainer.batch_size"}
+    assert dashboard.job_label(4, trial, swept) == "4 optimizer.lr=0.00443,trainer.batch_size=32"

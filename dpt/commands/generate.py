@@ -96,7 +96,7 @@ def run_tokenizer(run_dir: Path, data: RunData) -> Tokenizer:
     described = data.tokenizer or {}
     if described.get("kind", BYTES) == BYTES:
         return ByteTokenizer()
-    return FileTokenizer(run_dir / described["file"])
+    return FileTokenizer(run_dir / described["file"], "{}")  # the run's own copy, by its path
 
 
 def sample(

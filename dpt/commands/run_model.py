@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpt.errors import DptError, first_line, one_line, torch_load_reason
 from dpt.state.results import BEST_MODEL, DATA_FILE, LAST_MODEL, RunData, read_run_data
+from dpt.state.sweep_folder import is_sweep, not_a_run
 
 if TYPE_CHECKING:
     import torch
@@ -135,6 +136,8 @@ def run_folder(run_dir: Path) -> Path:
         raise DptError(f"{run_dir}: no such run folder")
     if not run_dir.is_dir():
         raise DptError(f"{run_dir} is not a folder: give the run folder (it holds data.json)")
+    if is_sweep(run_dir):  # `dpt -m ...` prints the sweep's folder: its runs are inside
+        raise DptError(not_a_run(run_dir))
     return run_dir
 
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dpt.commands.command import run_command
+from dpt.commands.text_args import FLAGS, add_extensions, extensions
 from dpt.data.shard_writer import Split, write_shards
 from dpt.errors import DptError
 from dpt.observe.logs import setup_logging
@@ -34,8 +35,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--coco", metavar="ROOT", help="ROOT/annotations/instances_<split>.json and ROOT/<split>/"
     )
     source.add_argument(
-        "--text", metavar="ROOT", help="a .txt file or a folder of them (as dataset=text reads)"
+        "--text", metavar="ROOT", help="a text file or a folder of them (as dataset=text reads)"
     )
+    add_extensions(parser)
     parser.add_argument("--tokenizer", default="bytes", metavar="FILE",
                         help="--text: bytes (default) or a tokenizers JSON file")  # fmt: skip
     parser.add_argument("--block-size", type=int, default=None, metavar="N",
@@ -73,14 +75,15 @@ def splits_of(args: argparse.Namespace) -> tuple[list[Split], list[str]]:
 def write_text(args: argparse.Namespace) -> None:
     """The text's token ids, as dataset=text makes them, in windows of --block-size + 1."""
     from dpt.data.shard_writer import write_token_shards
-    from dpt.data.text import text_files, tokenize
+    from dpt.data.text import tokenize
+    from dpt.data.text_files import text_files
     from dpt.data.tokenizer import load_tokenizer
 
     if args.block_size is None or args.block_size < 1:
         raise DptError("--text needs --block-size N (N >= 1: model.block_size of the runs)")
-    tokenizer = load_tokenizer(args.tokenizer)
-    train, val = text_files(Path(args.text))
-    parts = tokenize(train, val, tokenizer, args.val_fraction)
+    train, val = text_files(Path(args.text), extensions(args), FLAGS)
+    tokenizer = load_tokenizer(args.tokenizer, FLAGS.tokenizer)
+    parts = tokenize(train, val, tokenizer, args.val_fraction, FLAGS)
     described = {k: v for k, v in tokenizer.describe().items() if k != "source"}
     text = getattr(tokenizer, "text", None)  # a tokenizers file's, kept beside the shards
     write_token_shards(Path(args.out), parts, args.block_size, described, text,

@@ -30,9 +30,10 @@ from dpt.data.images import (
 )
 from dpt.data.images import UnreadableImageError as UnreadableImageError
 from dpt.errors import DptError
+from dpt.loggers import ONCE_LOGGER_NAME
 from dpt.targets import Targets
 
-log = logging.getLogger("dpt")
+once = logging.getLogger(ONCE_LOGGER_NAME)  # what every rank says alike: rank 0 says it
 
 LABEL_POLICIES = ("first", "largest", "all")
 
@@ -124,7 +125,7 @@ class CocoClassification(LabelledImageFiles):
             self.samples.append((str(path), label))
 
         left_out = len(coco.imgs) - len(self.image_ids)
-        log.info(
+        once.info(
             f"coco {split}: kept {len(self.image_ids)} of {len(coco.imgs)} images "
             f"({left_out} without a non-crowd annotation)"
         )

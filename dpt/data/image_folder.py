@@ -20,8 +20,9 @@ from dpt.data.images import (
     check_bad_image_policy,
     val_transform,
 )
+from dpt.loggers import ONCE_LOGGER_NAME
 
-log = logging.getLogger("dpt")
+once = logging.getLogger(ONCE_LOGGER_NAME)  # what every rank says alike: rank 0 says it
 
 Sample = tuple[torch.Tensor, int]
 
@@ -93,18 +94,18 @@ def _log_layout(layout: Layout, val_fraction: float, seed: int) -> None:
     classes = f"in {len(layout.classes)} classes"
     train_dir = os.path.join(layout.root, "train")
     if layout.val_source == "split":
-        log.info(
+        once.info(
             f"image_folder train: {len(layout.train)} images {classes} ({train_dir}, "
             f"{len(layout.val)} held out for validation)"
         )
-        log.info(
+        once.info(
             f"image_folder val: {len(layout.val)} images {classes}, a seeded split of "
             f"{train_dir} (dataset.val_fraction={val_fraction:g}, trainer.seed={seed})"
         )
         return
-    log.info(f"image_folder train: {len(layout.train)} images {classes} ({train_dir})")
+    once.info(f"image_folder train: {len(layout.train)} images {classes} ({train_dir})")
     if layout.val_source == "folder":
         val_dir = os.path.join(layout.root, "val")
-        log.info(f"image_folder val: {len(layout.val)} images {classes} ({val_dir})")
+        once.info(f"image_folder val: {len(layout.val)} images {classes} ({val_dir})")
     else:
-        log.info("image_folder val: none (no val/ folder and dataset.val_fraction=0)")
+        once.info("image_folder val: none (no val/ folder and dataset.val_fraction=0)")

@@ -46,10 +46,12 @@ from dpt.data.shard_cache import (
 from dpt.data.shard_writer import DPT_KIND, INDEX, TOKEN_MEMBER, TOKENS, WIDS_KIND
 from dpt.data.tokenizer import BYTES, ByteTokenizer, FileTokenizer, Tokenizer
 from dpt.errors import ConfigError, DptError
+from dpt.loggers import ONCE_LOGGER_NAME
 from dpt.seeding import derived_seed
 from dpt.targets import Targets
 
 log = logging.getLogger("dpt")
+once = logging.getLogger(ONCE_LOGGER_NAME)  # what every rank says alike: rank 0 says it
 
 # Shards a loader worker keeps open at once: the window's one or two, and the next one.
 OPEN_SHARDS = 3
@@ -380,7 +382,7 @@ def _log_splits(index: ShardIndex, cache: _CacheFactory | None) -> None:
     for role, shards in index.splits.items():
         samples = sum(s.nsamples for s in shards)
         size = sum(s.filesize for s in shards) / 1e9
-        log.info(
+        once.info(
             f"shards {role}: {samples} samples in {len(shards)} shards ({size:.3g} GB, "
             f"{len(index.classes)} classes) from {index.root}{where}"
         )

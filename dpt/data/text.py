@@ -1,9 +1,10 @@
 """`dataset=text`: a `.txt` file or a folder of them, tokenized once into memory-mapped token files,
 and read as windows of `block_size + 1` tokens (the input, and the targets one token later).
 
-- Training text: `dataset.root` itself (a file), or every `.txt` file under it (sorted, hidden
-  ones and a `val` folder or `val.txt` left out). Validation: `<root>/val.txt` or `<root>/val/`
-  where there is one, else the last `dataset.val_fraction` of the training tokens.
+- Training text: `dataset.root` itself (a file), or every file under it with one of
+  `dataset.extensions` (`.txt` by default; sorted, hidden ones and a `val` folder or `val.txt`
+  left out). Validation: `<root>/val.txt` (`val<ext>`) or `<root>/val/` where there is one, else
+  the last `dataset.val_fraction` of the training tokens.
 - Tokens are cached in `dataset.cache_dir` (default `$XDG_CACHE_HOME/dpt/tokens`) under a key of
   the texts' contents and the tokenizer's: the same text and tokenizer are tokenized once,
   whichever run, rank or world asks; a changed text or tokenizer is tokenized anew. Every rank
@@ -29,14 +30,15 @@ import torch
 from torch.utils.data import Dataset
 
 from dpt.data.loaders import StackedBatch
+from dpt.data.text_files import CONFIG, EXTENSIONS, VAL, Spelling, text_files
 from dpt.data.tokenizer import Tokenizer, load_tokenizer
 from dpt.errors import DptError
+from dpt.loggers import ONCE_LOGGER_NAME
 from dpt.targets import Targets
 
 log = logging.getLogger("dpt")
+once = logging.getLogger(ONCE_LOGGER_NAME)  # what every rank says alike: rank 0 says it
 
-VAL = "val"
-SUFFIX = ".txt"
 CHUNK = 1 << 20  # bytes read at a time while hashing
 
 
@@ -99,9 +101,10 @@ class TextData:
         cache_dir: str | None,
         num_workers: int,
         seed: int,
+        extensions: Sequence[str] = EXTENSIONS,
     ) -> None:
         self.tokenizer = load_tokenizer(tokenizer)
-        train_files, val_files = text_files(Path(root))
+        train_files, val_files = text_files(Path(root), tuple(extensions))
         cache = Path(cache_dir) if cache_dir else default_cache_dir()
         tokens = cached_tokens(train_files, val_files, self.tokenizer, cache, val_fraction)
         self.train = _windows(tokens, "train", block_size, root)
@@ -114,7 +117,7 @@ class TextData:
         train_tokens = tokens["train"]["count"]
         val_tokens = tokens[VAL]["count"] if tokens.get(VAL) else 0
         name, ids = self.tokenizer.name, self.tokenizer.vocab_size
-        log.info(f"text: {train_tokens:,} training tokens ({len(self.train):,} windows of "
+        once.info(f"text: {train_tokens:,} training tokens ({len(self.train):,} windows of "
                  f"{block_size + 1}), {val_tokens:,} validation tokens; tokenizer {name} "
                  f"({ids:,} ids)")  # fmt: skip
 
@@ -137,32 +140,6 @@ def default_cache_dir() -> Path:
 
 
 # --- which files --------------------------------------------------------------------------------
-
-
-def text_files(root: Path) -> tuple[list[Path], list[Path]]:
-    """The training texts and the validation texts (none: a share of the training tokens)."""
-    if root.is_file():
-        return [root], []
-    if not root.is_dir():
-        raise DptError(f"dataset.root={root}: no such file or folder")
-    val = (
-        [root / f"{VAL}{SUFFIX}"] if (root / f"{VAL}{SUFFIX}").is_file() else _txt_under(root / VAL)
-    )
-    train = [
-        p for p in _txt_under(root) if p not in val and VAL not in p.relative_to(root).parts[:1]
-    ]
-    if not train:
-        raise DptError(f"dataset.root={root}: no {SUFFIX} file here")
-    return train, val
-
-
-def _txt_under(folder: Path) -> list[Path]:
-    if not folder.is_dir():
-        return []
-    found = [p for p in folder.rglob(f"*{SUFFIX}") if p.is_file()]
-    return sorted(
-        p for p in found if not any(s.startswith(".") for s in p.relative_to(folder).parts)
-    )
 
 
 # --- the token cache ------------------------------------------------------------------------------
@@ -204,15 +181,21 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def tokenize(
-    train: list[Path], val: list[Path], tokenizer: Tokenizer, val_fraction: float
+    train: list[Path],
+    val: list[Path],
+    tokenizer: Tokenizer,
+    val_fraction: float,
+    spelling: Spelling = CONFIG,
 ) -> dict[str, np.ndarray]:
     """The texts' token ids by role: train, and val (from the validation texts, or the last
     `val_fraction` of the training ids; none where neither gives any)."""
     dtype = token_dtype(tokenizer.vocab_size)
+    files = f"{len(train)} training and {len(val)} validation" if val else f"{len(train)}"
+    log.info(f"tokenizing {files} file(s) with {tokenizer.name}")  # said by the rank that does
     ids = _encode(train, tokenizer, dtype)
     if ids.size == 0:
         where = train[0].parent if len(train) > 1 else train[0]
-        raise DptError(f"dataset.root={where}: the text is empty")
+        raise DptError(f"{spelling.root.format(where)}: the text is empty")
     if val:
         return {"train": ids, VAL: _encode(val, tokenizer, dtype)}
     if val_fraction > 0:
@@ -243,7 +226,6 @@ def _tokenize(
 
 
 def _encode(files: list[Path], tokenizer: Tokenizer, dtype: str) -> np.ndarray:
-    log.info(f"tokenizing {len(files)} file(s) with {tokenizer.name}")
     parts = [tokenizer.encode_array(path.read_text(encoding="utf-8", errors="replace"), dtype)
              for path in files]  # fmt: skip
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)

@@ -15,6 +15,7 @@ from dpt.errors import DptError
 
 BYTES = "bytes"  # dataset.tokenizer's default: UTF-8 bytes, one token each
 RUN_FILE = "tokenizer.json"  # a run's copy of its tokenizers file, beside data.json
+KEY = "dataset.tokenizer={}"  # how errors name the file by default: the config's key
 
 
 class Tokenizer:
@@ -66,23 +67,24 @@ class FileTokenizer(Tokenizer):
 
     name = "tokenizers"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, named: str = KEY) -> None:
+        """`named`: how errors name the file, a format string (`--tokenizer {}` in a command)."""
         try:
             text = path.read_text()
         except (OSError, UnicodeDecodeError) as error:
-            raise DptError(f"dataset.tokenizer={path}: {_reason(error)}") from error
-        self._load(text, str(path))
+            raise DptError(f"{named.format(path)}: {_reason(error)}") from error
+        self._load(text, named.format(path))
         self.path: Path | None = path
 
     @classmethod
     def from_text(cls, text: str, name: str) -> FileTokenizer:
         """One read from elsewhere (token shards over HTTP): `name` says where in errors."""
         made = cls.__new__(cls)
-        made._load(text, name)
+        made._load(text, KEY.format(name))
         made.path = None
         return made
 
-    def _load(self, text: str, name: str) -> None:
+    def _load(self, text: str, named: str) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
         self.text = text
@@ -90,8 +92,8 @@ class FileTokenizer(Tokenizer):
             self.impl = HFTokenizer.from_str(text)
         except Exception as error:  # the library's own (a Rust panic's text, a JSON error)
             raise DptError(
-                f"dataset.tokenizer={name}: not a tokenizers file ({_reason(error)}); write one "
-                "with dpt-tokenizer --text ROOT --vocab-size N --out FILE"
+                f"{named}: not a tokenizers file ({_reason(error)}); write one with "
+                "dpt-tokenizer --text ROOT --vocab-size N --out FILE"
             ) from error
         self.vocab_size = self.impl.get_vocab_size(with_added_tokens=True)
 
@@ -109,14 +111,15 @@ class FileTokenizer(Tokenizer):
         return {**super().describe(), "file": RUN_FILE}
 
 
-def load_tokenizer(spec: str | None) -> Tokenizer:
-    """`dataset.tokenizer`: `bytes` (or null), or the path of a tokenizers JSON file."""
+def load_tokenizer(spec: str | None, named: str = KEY) -> Tokenizer:
+    """`dataset.tokenizer`: `bytes` (or null), or the path of a tokenizers JSON file. `named`:
+    how errors name it, a format string (`--tokenizer {}` in a command)."""
     if spec in (None, BYTES):
         return ByteTokenizer()
     path = Path(spec)
     if not path.is_file():
-        raise DptError(f"dataset.tokenizer={spec}: file not found (or `bytes`)")
-    return FileTokenizer(path)
+        raise DptError(f"{named.format(spec)}: file not found (or `bytes`)")
+    return FileTokenizer(path, named)
 
 
 def _reason(error: BaseException) -> str:

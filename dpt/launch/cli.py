@@ -51,7 +51,8 @@ def task(cfg: DictConfig) -> float:
     hydra_cfg = HydraConfig.get()
     try:
         validate(cfg)  # in a multirun, this job's own overrides are first seen here
-        setup_logging(launcher_prefix(hydra_cfg))  # lines from this process, not from a rank
+        # Lines from this process, not from a rank (those every rank says, a rank says)
+        setup_logging(launcher_prefix(hydra_cfg), speaks_once=False)
         launcher = build(cfg.launcher)  # imports dpt.launch.launchers, and with it torch
         run_dir = Path(hydra_cfg.runtime.output_dir)
         with _run_folder_held(run_dir):
@@ -120,6 +121,7 @@ def run(hydra_main: Callable[[], Any]) -> None:
     """
     argv = sys.argv[1:]
     user_code.add_start_folder()  # a user's `_target_` imports from here, in every rank too
+    setup_logging("launcher", speaks_once=False)  # the checks before the run (preflight) say
     if is_torchrun_follower():
         return _report(lambda: follow_torchrun(argv))
     if asks_for_help(argv):

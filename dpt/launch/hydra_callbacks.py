@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from dpt.errors import Abort, ConfigError, DptError
 from dpt.launch import preflight, run_lock, torchrun_job
@@ -24,6 +25,7 @@ class ValidateConfig(Callback):
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _own_clock_folder(config)
         _validate(config, "hydra.run.dir", fit=True)
         _lock(run_folder(config))
 
@@ -32,6 +34,25 @@ class ValidateConfig(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _validate(config, "hydra.sweep.dir")
+
+
+def _own_clock_folder(config: DictConfig) -> None:
+    """A run folder named by the clock (`outputs/<date>/<time>`, the default) that is there
+    already belongs to a run started in the same second: this one takes `<time>-1` (or -2, ...)
+    instead of resuming it, or finding it finished and training nothing. A folder the user names
+    is theirs to resume."""
+    raw = OmegaConf.to_container(config.hydra.run, resolve=False)
+    assert isinstance(raw, dict)
+    if "${now:" not in str(raw.get("dir")):
+        return
+    folder = run_folder(config)
+    if not folder.exists():
+        return
+    free = next(
+        n for n in itertools.count(1) if not folder.with_name(f"{folder.name}-{n}").exists()
+    )
+    with read_write(config), open_dict(config):
+        config.hydra.run.dir = str(folder.with_name(f"{folder.name}-{free}"))
 
 
 def _validate(config: DictConfig, folder_key: str, fit: bool = False) -> None:

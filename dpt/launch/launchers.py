@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpt.config import cpu_cores, is_distributed
 from dpt.errors import DptError
+from dpt.launch import job_place
 from dpt.launch.environ import restored_environ
 from dpt.launch.validate import parse_nproc
 
@@ -47,7 +48,7 @@ class LocalLauncher:
         if "TORCHELASTIC_RUN_ID" in os.environ:
             raise DptError("this process was started by torchrun: add launcher=torchrun")
         if not is_distributed(cfg.strategy):
-            return run_worker(resolved(cfg), str(run_dir))
+            return run_worker(resolved(cfg), run_dir)
         from dpt.launch import fork_server  # here: a single process needs none of it
 
         fork_server.start()  # the ranks' imports, beside this process's own (torch, below)
@@ -57,7 +58,12 @@ class LocalLauncher:
         from dpt.launch.local_world import launch_local_world
 
         return launch_local_world(
-            resolved(cfg), run_dir, nproc, self.max_restarts, cfg.trainer.timeout_s
+            resolved(cfg),
+            run_dir,
+            nproc,
+            self.max_restarts,
+            cfg.trainer.timeout_s,
+            job_place.place(run_dir),
         )
 
     def processes(self, device: str) -> int:
@@ -105,7 +111,7 @@ class TorchrunLauncher:
 
     def run(self, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         require_torchrun_env()
-        return run_worker(resolved(cfg), str(run_dir))
+        return run_worker(resolved(cfg), run_dir)
 
 
 class SlurmLauncher:
@@ -128,7 +134,7 @@ class SlurmLauncher:
             )
         with restored_environ():
             os.environ.update(torch_env_from_slurm(self.world_size))
-            return run_worker(resolved(cfg), str(run_dir))
+            return run_worker(resolved(cfg), run_dir)
 
 
 def require_torchrun_env() -> None:
@@ -144,14 +150,17 @@ def follow_torchrun_world(cfg: DictConfig) -> None:
     """A torchrun rank >= 1 (composed by `dpt.launch.cli.follow_torchrun`): join rank 0's world."""
     if get_class(cfg.launcher._target_) is not TorchrunLauncher:
         raise DptError("this process was started by torchrun: add launcher=torchrun")
-    run_worker(resolved(cfg), run_dir="")  # rank 0 broadcasts its config and folder
+    run_worker(resolved(cfg), run_dir=None)  # rank 0 broadcasts its config, folder and place
 
 
-def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
-    """`dpt.launch.worker.run_worker`, imported (with torch) only when this process runs a rank."""
+def run_worker(cfg_dict: dict[str, Any], run_dir: str | Path | None) -> dict[str, Any]:
+    """This process's rank of the Hydra job in `run_dir`, its TensorBoard place made here, where
+    Hydra runs the job (None: a torchrun rank >= 1, which takes rank 0's folder and place):
+    `dpt.launch.worker.run_worker`, imported (with torch) only when this process runs a rank."""
     from dpt.launch import collector
 
+    tb = None if run_dir is None else job_place.place(Path(run_dir))
     with collector.off_during_startup():
         from dpt.launch.worker import run_worker as run
 
-        return run(cfg_dict, run_dir)
+        return run(cfg_dict, "" if run_dir is None else str(run_dir), tb)

@@ -20,15 +20,22 @@ from dpt.errors import DptError
 from dpt.launch import fork_server
 from dpt.launch.environ import restored_environ
 from dpt.launch.worker import run_worker
+from dpt.observe.dashboard import TbPlace
 from dpt.observe.rollcall import SILENT_RANK
 from dpt.rendezvous import register_loopback_rendezvous
 from dpt.state.checkpoint import checkpoint_dir, committed
 
 
 def launch_local_world(
-    cfg_dict: dict[str, Any], run_dir: Path, nproc: int, max_restarts: int, timeout_s: float
+    cfg_dict: dict[str, Any],
+    run_dir: Path,
+    nproc: int,
+    max_restarts: int,
+    timeout_s: float,
+    tb: TbPlace | None = None,
 ) -> dict[str, Any]:
-    """One single-node world through torchrun's engine; returns rank 0's summary."""
+    """One single-node world through torchrun's engine; returns rank 0's summary. `tb`: where
+    the ranks' TensorBoard folders go (dpt.launch.job_place, made where Hydra runs the job)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -54,7 +61,7 @@ def launch_local_world(
         # For the agent only: set after the server started, the ranks never see it.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         try:
-            results = elastic_launch(config, run_worker)(cfg_dict, str(run_dir))
+            results = elastic_launch(config, run_worker)(cfg_dict, str(run_dir), tb)
         except ChildFailedError as failed:
             raise DptError(describe_failure(failed, run_dir)) from failed
         except SignalException as stopped:  # SIGTERM/SIGINT to this process: ranks checkpointed

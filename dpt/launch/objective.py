@@ -31,7 +31,7 @@ class Objective:
         if self.name == TRAIN_LOSS:
             found = summary.get("final_loss")
         else:
-            found = (summary.get("best_val") or {}).get(self.name)
+            found = (summary.get("best_per_metric") or {}).get(self.name)
         return float(found) if found is not None else math.nan
 
     def record(self, summary: dict[str, Any]) -> dict[str, Any]:

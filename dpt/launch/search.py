@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpt.errors import Abort, ConfigError, DptError, first_line
 from dpt.launch import objective, search_space
+from dpt.state.sweep_folder import SWEEP_CONFIG
 
 RESULTS = "optimization_results.yaml"  # as hydra-optuna-sweeper writes it
 RETRY_OF = "retry_of"  # user attribute of a trial that reruns one cut short
@@ -62,6 +63,9 @@ class Search:
         except DptError as error:
             raise Abort(error) from error
         study = self._study()
+        # The sweep's config, as Hydra's own sweeper saves it: what the jobs' TensorBoard
+        # folders are named by (the searched keys: sweep_folder.swept_keys), and a record.
+        OmegaConf.save(self.config, self.sweep_dir / SWEEP_CONFIG)
         self._retry_cut_short(study)
         while (left := self.n_trials - len(finished(study))) > 0:
             trials = [study.ask(searched) for _ in range(min(self.n_jobs, left))]

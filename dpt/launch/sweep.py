@@ -27,12 +27,9 @@ from dpt.errors import Abort, DptError, one_line
 from dpt.monitor.events import read_events
 from dpt.observe import dashboard
 from dpt.observe.dashboard import write_sweep_experiment
+from dpt.state.results import METRICS_FILE
+from dpt.state.sweep_folder import BEST_LINK, STATUS_FILE, SUMMARY_CSV, SUMMARY_PNG
 
-STATUS_FILE = "job_status.json"
-METRICS_FILE = "metrics.json"  # a run's results (dpt.launch.worker)
-BEST_LINK = "best"  # the best job's run folder, by the objective
-SUMMARY_CSV = "summary.csv"
-SUMMARY_PNG = "summary.png"
 FAILED_STATES = ("FAILED", "CRASHED")
 # What a run's metrics.json reports where it names no validation metrics (before tasks).
 DEFAULT_VAL_METRICS = dashboard.SESSION_METRICS[2:-1]
@@ -203,14 +200,13 @@ def val_metrics_of(records: list[dict[str, Any]]) -> list[str]:
 def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Flat rows for the CSV: one column per best validation metric seen in the sweep.
 
-    Two different clocks, named apart: `loop_*` is the training loop of the job's ranks
-    (metrics.json's `samples_per_s` and `wall_time_s`), `job_wall_s` the whole job, start to end
-    (start-up, data loading, validation and checkpoints included).
+    Clocks named apart: `loop_samples_per_s` is the training loop's pace after its first
+    logging window (metrics.json's `steady_samples_per_s`; its `samples_per_s` where the run had
+    one window), `loop_time_s` the loop's whole time (`wall_time_s`), `job_wall_s` the whole
+    job, start to end (start-up, data loading, validation and checkpoints included).
     """
-    best_keys = [
-        k for k in val_metrics_of(records) if any(k in ((r.get("result") or {}).get("best_val")
-                                                       or {}) for r in records)
-    ]  # fmt: skip
+    bests = [(r.get("result") or {}).get("best_per_metric") or {} for r in records]
+    best_keys = [k for k in val_metrics_of(records) if any(k in best for best in bests)]
     out = []
     for r in records:
         result = r.get("result") or {}
@@ -222,9 +218,9 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "best": False,  # set by `mark_best`
             "final_loss": result.get("final_loss"),
         }
-        row.update({f"best_{k}": (result.get("best_val") or {}).get(k) for k in best_keys})
+        row.update({f"best_{k}": (result.get("best_per_metric") or {}).get(k) for k in best_keys})
         row.update(
-            loop_samples_per_s=result.get("samples_per_s"),
+            loop_samples_per_s=result.get("steady_samples_per_s", result.get("samples_per_s")),
             loop_time_s=result.get("wall_time_s"),
             job_wall_s=_wall_time(r),
             world_size=result.get("world_size"),
@@ -368,9 +364,13 @@ def plot(
     if best:
         better = "lower" if best.endswith("loss") else "higher"
         panels.append((best, f"best {best[5:]} ({better} is better)", ".4f", False))
-    labels = [f"#{r['job']} {o}"[:50] for r, o in zip(table, swept(table), strict=True)]
+    labels = [plot_label(r["job"], o) for r, o in zip(table, swept(table), strict=True)]
+    row_height = 0.25 * max(2, *(label.count("\n") + 1 for label in labels))
     fig, axes = plt.subplots(
-        1, len(panels), figsize=(4.5 * len(panels) + 2.5, 1.2 + 0.5 * len(table)), sharey=True
+        1,
+        len(panels),
+        figsize=(4.5 * len(panels) + 2.5, 1.2 + row_height * len(table)),
+        sharey=True,
     )
     for ax, (key, title, spec, from_zero) in zip(axes, panels, strict=True):
         marked = [bool(r["best"]) and key == "objective" for r in table]
@@ -385,6 +385,15 @@ def plot(
     plt.close(fig)
     os.replace(tmp, path)
     return path
+
+
+def plot_label(job: int, overrides: str) -> str:
+    """`#3` and each of the job's swept `key=value` on a line of its own (none cut off), a
+    number in 4 significant digits."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides.split())
+    return "\n".join([f"#{job}", *(dashboard.short_override(o) for o in parsed)])
 
 
 def _bar_panel(

@@ -420,6 +420,10 @@ def _validate_dataset_choices(dataset: DictConfig) -> None:
         _validate_shards_root(dataset.root)
     elif OmegaConf.get_type(dataset) is TextConfig:  # a file, or a folder of them
         _check(Path(dataset.root).exists(), "dataset.root", dataset.root, "no such file or folder")
+        exts = list(dataset.extensions)
+        _check(bool(exts) and all(str(e).startswith(".") and len(str(e)) > 1 for e in exts),
+               "dataset.extensions", f"[{','.join(map(str, exts))}]",
+               "each a file name's ending with its dot, e.g. [.txt,.md]")  # fmt: skip
         tokenizer = dataset.tokenizer
         _check(tokenizer in (None, "bytes") or Path(tokenizer).is_file(), "dataset.tokenizer",
                tokenizer, "file not found (or bytes: UTF-8 bytes, 256 ids)")  # fmt: skip

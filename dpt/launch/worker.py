@@ -32,17 +32,21 @@ from dpt.loop.parts import Parts, RunConfig, build_parts, length_key, run_length
 from dpt.loop.trainer import Trainer, TrainResult
 from dpt.observe import dashboard
 from dpt.observe.logs import TRACE_LOGGER_NAME, setup_logging, traceback_file
-from dpt.observe.metrics import throughput_text
+from dpt.observe.metrics import Speed, done_speeds
 from dpt.observe.rollcall import RollCall
 from dpt.state import checkpoint
-from dpt.state.results import write_run_data
+from dpt.state.results import LAST_MODEL, METRICS_FILE, write_run_data
 from dpt.state.stateful import full_state_dict
 
 log = logging.getLogger("dpt")
 
 
-def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
-    """Entry point of every rank: in-process, elastic launch, torchrun or SLURM started it."""
+def run_worker(
+    cfg_dict: dict[str, Any], run_dir: str, tb: dashboard.TbPlace | None = None
+) -> dict[str, Any]:
+    """Entry point of every rank: in-process, elastic launch, torchrun or SLURM started it.
+    `tb`: where its TensorBoard folders go, as the process that runs Hydra's job placed them
+    (`dpt.launch.job_place`; rank 0's is every rank's); None: a run of its own."""
     allocator.keep_freed_memory()  # before the parts: their blocks go to the heap from the start
     user_code.add_recorded_folders()  # a user's model or data set imports as in the launcher
     env = env_from_environment(cfg_dict["trainer"]["device"])
@@ -51,11 +55,12 @@ def run_worker(cfg_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     try:
         # Rank 0's config and folder win: ranks that composed their own config under torchrun
         # may differ in `${now:...}` and must all write into one run folder.
-        cfg_dict, run_dir = broadcast_object((cfg_dict, run_dir), env)
-        torchrun_job.note_run_dir(Path(run_dir))
+        cfg_dict, run_dir, tb = broadcast_object((cfg_dict, run_dir, tb), env)
+        folder = Path(run_dir)
+        torchrun_job.note_run_dir(folder)
         roll_call.start_answering()
-        with run_lock.holding(Path(run_dir), rank=env.rank):  # beside the run's starter
-            return _run(OmegaConf.create(cfg_dict), Path(run_dir), env)
+        with run_lock.holding(folder, rank=env.rank):  # beside the run's starter
+            return _run(OmegaConf.create(cfg_dict), folder, env, tb or dashboard.one_run(folder))
     except Exception as error:
         reported = _disk_full(error, run_dir)
         if "TORCHELASTIC_ERROR_FILE" not in os.environ:
@@ -144,12 +149,16 @@ def _exit_reporting(error: Exception, timeout_s: float, roll_call: RollCall) -> 
     raise SystemExit(1)
 
 
-def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
+def _run(
+    cfg: DictConfig, run_dir: Path, env: DistEnv, tb: dashboard.TbPlace | None = None
+) -> dict[str, Any]:
+    """The run of one rank; `tb`: where its TensorBoard folders go (None: a run of its own)."""
+    tb = tb or dashboard.one_run(run_dir)
     log_file = run_dir / "logs" / f"rank{env.rank}.log"
-    setup_logging(f"rank {env.rank}", log_file)
+    setup_logging(f"rank {env.rank}", log_file, speaks_once=env.is_main)
     limit_cpu_threads(env)
     run_cfg = RunConfig.of(cfg)
-    parts = build_parts(run_cfg, env, run_dir, log_file)
+    parts = build_parts(run_cfg, env, run_dir, log_file, tb)
     trainer = Trainer(parts)
     if env.is_main:  # where to look, and what `hydra.run.dir=` resumes
         log.info(f"run folder {run_dir}")
@@ -161,22 +170,18 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     _log_start(parts)
     if env.is_main:  # before the first step: a run cut short still leaves what predict needs
         write_run_data(run_dir, parts.run_data, parts.run_files)
-    hparams = _hparams(cfg, env, parts.global_batch, run_dir)
+    hparams = _hparams(cfg, env, parts.global_batch, tb.groups)
     val_metrics = list(config.val_metrics(cfg.task))
     parts.metrics.start_session(hparams, dashboard.session_metrics(val_metrics))
     ended: bool | None = False  # the session's end as HPARAMS shows it; None: not over yet
     try:
         collector.freeze_for_training()  # start-up's objects left out of collections
         result = trainer.fit()
-        summary = _summary(result, env, parts.global_batch, hparams)
+        whole_rate = result.samples / result.wall_time_s if result.wall_time_s else 0.0
+        steady, whole = parts.metrics.speeds(whole_rate)
+        summary = _summary(result, env, parts.global_batch, hparams, steady, whole)
         summary["task"] = parts.task.kind
         summary["val_metrics"] = val_metrics  # the sweep's columns
-        tokens = (  # the world's tokens/s and MFU over the whole run, as TensorBoard tags
-            {}
-            if parts.throughput is None
-            else parts.throughput.scalars(summary["samples_per_s"], env.world_size)
-        )
-        summary |= {tag.split("/")[1]: value for tag, value in tokens.items()}  # metrics.json
         summary["best"] = parts.best_model.summary()
         summary["objective"] = _objective(cfg, parts).record(summary)
         if summary["objective"]["value"] is not None:  # HPARAMS lists it for every run
@@ -186,8 +191,8 @@ def _run(cfg: DictConfig, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         if env.is_main:
             log.info(
                 f"done: {result.steps} steps in {result.wall_time_s:.1f} s | "
-                f"{summary['samples_per_s']:,.0f} samples/s (world){throughput_text(tokens)} | "
-                f"final loss {_fmt(result.final_loss)} | run folder {run_dir}"
+                f"{done_speeds(steady, whole)} | final loss {_fmt(result.final_loss)} | "
+                f"run folder {run_dir}"
             )
             _write_outputs(run_dir, weights, summary)
         ended = True
@@ -228,7 +233,7 @@ def _finished(
     run returned it; None when there is training left. `length`: the key that sets the run's
     length (trainer.max_steps where set)."""
     try:
-        summary = json.loads((run_dir / "metrics.json").read_text())
+        summary = json.loads((run_dir / METRICS_FILE).read_text())
     except (OSError, ValueError):
         return None  # no results yet: the run is not over (or was cut off before writing them)
     stopped_early = bool(summary.get("stopped_early")) and summary.get("steps") == resumed.step
@@ -285,11 +290,19 @@ def limit_cpu_threads(env: DistEnv) -> None:
 
 
 def _summary(
-    result: TrainResult, env: DistEnv, global_batch: int, hparams: dict[str, Any]
+    result: TrainResult,
+    env: DistEnv,
+    global_batch: int,
+    hparams: dict[str, Any],
+    steady: Speed | None,
+    whole: Speed,
 ) -> dict[str, Any]:
+    """metrics.json. The run's pace twice: over the whole run (`samples_per_s`, with tokens/s
+    and MFU for a task of tokens), and the loop's after its first logging window (`steady_*`)."""
     return {
         "final_loss": result.final_loss,
-        "samples_per_s": result.samples / result.wall_time_s if result.wall_time_s else 0.0,
+        **whole.record(),
+        **(steady.record("steady_") if steady else {}),
         "wall_time_s": result.wall_time_s,
         "world_size": env.world_size,
         "global_batch_size": global_batch,
@@ -298,22 +311,24 @@ def _summary(
         "bad_samples": result.bad_samples,
         "stopped_early": result.stopped_early,
         "val": result.val,
-        "best_val": result.best_val,
+        "best_per_metric": result.best_per_metric,  # each at its own best epoch
         # The settings, as in HPARAMS: with the result, the sweep writes its one experiment.
         "hparams": hparams,
     }
 
 
 def _write_outputs(run_dir: Path, state: dict[str, Any], summary: dict[str, Any]) -> None:
-    checkpoint.write_atomically(run_dir / "model.pt", lambda f: torch.save(state, f), "model")
+    checkpoint.write_atomically(run_dir / LAST_MODEL, lambda f: torch.save(state, f), "model")
     text = (json.dumps(summary, indent=2) + "\n").encode()
-    checkpoint.write_atomically(run_dir / "metrics.json", lambda f: f.write(text), "metrics")
+    checkpoint.write_atomically(run_dir / METRICS_FILE, lambda f: f.write(text), "metrics")
 
 
-def _hparams(cfg: DictConfig, env: DistEnv, global_batch: int, run_dir: Path) -> dict[str, Any]:
+def _hparams(
+    cfg: DictConfig, env: DistEnv, global_batch: int, groups: dict[str, str]
+) -> dict[str, Any]:
     """The run's settings as HPARAMS lists them: the config groups' options, the resolved config
     flat, and what they make (world size, global batch)."""
-    flat: dict[str, Any] = {**dashboard.group_choices(run_dir), "world_size": env.world_size,
+    flat: dict[str, Any] = {**groups, "world_size": env.world_size,
                             "global_batch_size": global_batch}  # fmt: skip
     container = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(container, dict)

@@ -5,6 +5,7 @@ validation, early stopping). The trainer receives them built; defaults live in `
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from dpt.data.batch_memory import check_batch_fits
 from dpt.data.loaders import Loaders, ToDevice, build_loaders
 from dpt.distributed import DistEnv
 from dpt.errors import DptError
+from dpt.loggers import ONCE_LOGGER_NAME
 from dpt.loop.agreement import Agreement
 from dpt.loop.early_stopping import EarlyStopping
 from dpt.loop.evaluate import Validation
@@ -36,6 +38,7 @@ from dpt.models import build_model
 from dpt.models.meta import output_shape
 from dpt.monitor.grad_diagnostics import GradDiagnostics
 from dpt.monitor.monitor import Monitor
+from dpt.observe.dashboard import TbPlace, one_run
 from dpt.observe.flops import Throughput, peak_tflops
 from dpt.observe.logs import setup_logging
 from dpt.observe.memory import MemoryUse
@@ -48,6 +51,7 @@ from dpt.tasks import fit
 from dpt.tasks.task import Task, build_task
 
 T = TypeVar("T")
+once = logging.getLogger(ONCE_LOGGER_NAME)  # what every rank says alike: rank 0 says it
 
 
 @dataclass
@@ -108,7 +112,11 @@ class Parts:
         return (self.checkpoint.every_n_steps or 0) if self.checkpoint.enabled else 0
 
 
-def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> Parts:
+def build_parts(
+    cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path, tb: TbPlace | None = None
+) -> Parts:
+    """`tb`: where TensorBoard's folders go (the launching process's `job_place.place`); a
+    run of its own by default."""
     t, groups = cfg.trainer, cfg.groups
     seed_everything(t.seed)
     data, shuffle = build_data(groups.dataset, t.seed)
@@ -127,6 +135,7 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
         model = torch.compile(model)
     optimizer = build(groups.optimizer)(model.parameters())
     total_steps = planned_steps(loaders, t, env.world_size)
+    check_log_interval(t.log_every_n_steps, total_steps)
     scheduler = build(groups.scheduler)(optimizer, total_steps=total_steps)
     precision = Precision(t.precision, env.device, strategy.grad_norm)
     to_device = ToDevice(env.device, bool(groups.model.get("channels_last", False)))
@@ -138,7 +147,7 @@ def build_parts(cfg: RunConfig, env: DistEnv, run_dir: Path, log_file: Path) -> 
         settings=t, checkpoint=cfg.checkpoint, env=env, run_dir=run_dir, strategy=strategy,
         task=task, throughput=throughput, loaders=loaders, model=model,
         optimizer=optimizer, scheduler=scheduler, precision=precision, to_device=to_device,
-        metrics=MetricsLogger(run_dir, env, total_steps,
+        metrics=MetricsLogger(tb or one_run(run_dir), env, total_steps,
                               _rank_scalars(MemoryUse(model, optimizer), strategy), throughput,
                               copies=strategy.copies),
         agreement=Agreement(env, total_steps, cfg.monitor.nonfinite.action, t.log_every_n_steps,
@@ -255,6 +264,17 @@ def planned_steps(loaders: Loaders, settings: TrainerConfig, world_size: int) ->
     return settings.max_steps or per_epoch * settings.epochs
 
 
+def check_log_interval(every: int, total_steps: int) -> None:
+    """A logging interval as long as the run (an experiment's, made for a longer one) shows its
+    progress only at the end: said once, with an interval that shows it."""
+    if every >= total_steps > 1:
+        once.warning(
+            f"trainer.log_every_n_steps={every} is not shorter than the run ({total_steps} "
+            f"steps): its progress shows only at the end; trainer.log_every_n_steps="
+            f"{max(1, total_steps // 10)} shows it as it goes"
+        )
+
+
 def length_key(settings: TrainerConfig) -> str:
     """The key that sets the run's length."""
     return "trainer.max_steps" if settings.max_steps else "trainer.epochs"
@@ -285,4 +305,4 @@ def _rank_scalars(memory: MemoryUse, strategy: Strategy) -> Callable[[], dict[st
 
 def _init_loader_worker(rank: int, log_file: Path, worker_id: int) -> None:
     """DataLoader workers may be fresh processes: give them the rank's log prefix and file."""
-    setup_logging(f"rank {rank} loader {worker_id}", log_file)
+    setup_logging(f"rank {rank} loader {worker_id}", log_file, speaks_once=False)

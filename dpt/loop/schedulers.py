@@ -13,7 +13,9 @@ from typing import Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, StepLR
 
-log = logging.getLogger("dpt")
+from dpt.loggers import ONCE_LOGGER_NAME
+
+once = logging.getLogger(ONCE_LOGGER_NAME)  # every rank builds the schedule: rank 0 says it
 
 
 def constant(optimizer: Optimizer, total_steps: int) -> Constant:
@@ -53,7 +55,7 @@ def warmup_cosine(
     """Linear warmup from 0 to the optimizer's lr over `warmup_steps`, then a cosine down to
     `min_lr` at the last step."""
     if warmup_steps >= total_steps:  # a silent constant-ish schedule is worse than a word
-        log.warning(
+        once.warning(
             f"scheduler.warmup_steps={warmup_steps}: the run has only {total_steps} optimizer "
             "steps, so the learning rate never leaves the warmup (no cosine decay)"
         )

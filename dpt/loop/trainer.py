@@ -47,7 +47,7 @@ class TrainResult:
     final_loss: float | None
     bad_samples: int
     val: dict[str, float]
-    best_val: dict[str, float]
+    best_per_metric: dict[str, float]  # each metric at its own best epoch
     stopped_early: bool
 
 
@@ -83,7 +83,8 @@ class Trainer:
                             break
                 except RolledBack:  # back at a checkpoint: the epoch goes on past the spike
                     continue
-                stopped_early = self.end_of_epoch()
+                with self.metrics.outside_windows():  # the windows time the training alone
+                    stopped_early = self.end_of_epoch()
         if self.position.sample:  # stopped inside an epoch (max_steps)
             self.save_checkpoint()
         return self.result(time.perf_counter() - start, stopped_early)
@@ -297,7 +298,7 @@ class Trainer:
             final_loss=self.metrics.last_world_loss,
             bad_samples=self.progress.bad_samples,
             val=self.parts.validation.last,
-            best_val=self.parts.validation.best,
+            best_per_metric=self.parts.validation.best,
             stopped_early=stopped_early,
         )
 
@@ -329,7 +330,8 @@ class Trainer:
         if not self.parts.checkpoint.enabled:
             return None
         self.metrics.flush()  # the curves up to this step, on their way to disk first
-        return self.parts.checkpoints.save(self.state_parts(), self.progress.step)
+        with self.metrics.outside_windows():
+            return self.parts.checkpoints.save(self.state_parts(), self.progress.step)
 
     def resume(self) -> Committed | None:
         """Load the checkpoint `checkpoint.resume` picks, if any; the metrics continue there."""

@@ -14,14 +14,11 @@ tags (their last value), so nothing is written twice as single `hparam/*` points
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from omegaconf import OmegaConf
 
 from dpt.config import ClassificationTaskConfig
 
@@ -50,77 +47,38 @@ MAX_LABEL = 120  # a folder name, well under file systems' 255 bytes
 
 @dataclass(frozen=True)
 class TbPlace:
+    """Where a run's TensorBoard folders go, and what HPARAMS lists of its Hydra job. Made in
+    the process where Hydra runs the job (dpt.launch.job_place), from Hydra's own config there,
+    and handed to every rank resolved: a rank never reads Hydra's config again (its sweep folder
+    is `multirun/${now:...}`, whose resolver and the time it gave live in that process only)."""
+
     folder: Path  # where this run's rank<k>/ and world/ folders go
     writes_experiment: bool  # False in a sweep: the sweep writes the one experiment
+    groups: dict[str, str] = field(default_factory=dict)  # each config group's option
 
 
-def place(run_dir: Path) -> TbPlace:
-    """Where a run's TensorBoard folders go. A job of a sweep is told apart by the config Hydra
-    saved in its folder (`.hydra/hydra.yaml`); without one (`hydra.output_subdir=null`, a
-    torchrun rank on a machine of its own) it is laid out as one run."""
-    hydra_cfg = _job_hydra(run_dir)
-    # RunMode from Hydra's own config, its name from the saved copy
-    if hydra_cfg is None or getattr(hydra_cfg.mode, "name", hydra_cfg.mode) != "MULTIRUN":
-        return TbPlace(run_dir / TB_FOLDER, writes_experiment=True)
-    sweep_dir = Path(hydra_cfg.sweep.dir)
-    label = job_label(int(hydra_cfg.job.num), list(hydra_cfg.overrides.task), swept_keys(sweep_dir))
-    return TbPlace(sweep_dir / TB_FOLDER / label, writes_experiment=False)
-
-
-def group_choices(run_dir: Path) -> dict[str, str]:
-    """The option of each config group (`strategy: ddp`), Hydra's own groups left out: a sweep
-    over a group (`strategy=single,ddp`) varies these, not only the keys they set."""
-    hydra_cfg = _job_hydra(run_dir)
-    choices = OmegaConf.to_container(hydra_cfg.runtime.choices) if hydra_cfg is not None else {}
-    assert isinstance(choices, dict)
-    return {str(group): str(option) for group, option in choices.items()
-            if option is not None and not str(group).startswith("hydra")}  # fmt: skip
-
-
-def _job_hydra(run_dir: Path) -> Any:
-    """The job's `hydra` node: Hydra's own where this process runs the job (one process), else
-    the copy Hydra saved in the run folder (a spawned or torchrun rank), parsed once: its YAML
-    takes ~35 ms to read, before the first step."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized():
-        hydra_cfg = HydraConfig.get()
-        if Path(hydra_cfg.runtime.output_dir) == run_dir:
-            return hydra_cfg
-    saved = run_dir / ".hydra" / "hydra.yaml"
-    return _load_saved(saved, saved.stat().st_mtime_ns) if saved.is_file() else None
-
-
-@functools.lru_cache(maxsize=8)
-def _load_saved(path: Path, mtime_ns: int) -> Any:
-    """`mtime_ns`: a resumed run's Hydra rewrites the file; a new version is read anew."""
-    return OmegaConf.load(path).hydra
-
-
-def swept_keys(sweep_dir: Path) -> set[str]:
-    """The keys the sweep varies: its command line's sweep overrides (`a=1,2`, `range(...)`) and
-    `hydra.sweeper.params`, as saved in `multirun.yaml`."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    saved = sweep_dir / "multirun.yaml"
-    if not saved.is_file():
-        return set()
-    hydra_cfg = OmegaConf.load(saved).hydra
-    parsed = OverridesParser.create().parse_overrides(list(hydra_cfg.overrides.task))
-    keys = {o.get_key_element() for o in parsed if o.is_sweep_override()}
-    return keys | set(OmegaConf.select(hydra_cfg, "sweeper.params") or {})
+def one_run(run_dir: Path) -> TbPlace:
+    """A run of its own: `<run>/tb/`, no group options known (no Hydra job: a test, a script)."""
+    return TbPlace(run_dir / TB_FOLDER, writes_experiment=True)
 
 
 def job_label(job: int, overrides: list[str], swept: set[str]) -> str:
-    """`3 strategy=ddp,trainer.seed=2`: the job number and its values of the swept keys."""
+    """`3 strategy=ddp,optimizer.lr=0.00443`: the job number and its values of the swept keys."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)
-    values = [f"{o.get_key_element()}={o.get_value_element_as_str()}" for o in parsed
-              if o.get_key_element() in swept]  # fmt: skip
+    values = [short_override(o) for o in parsed if o.get_key_element() in swept]
     label = " ".join([str(job), ",".join(values)]).strip()
     # A "/" in a value (a path) would make nested folders, hence nested run names.
     return label.replace("/", "_")[:MAX_LABEL]
+
+
+def short_override(override: Any) -> str:
+    """`key=value` of a parsed Hydra override, a float in 4 significant digits (a search's
+    trial draws 16: `optimizer.lr=0.004430375245218269` -> `optimizer.lr=0.00443`)."""
+    value = override.value()
+    text = f"{value:.4g}" if isinstance(value, float) else override.get_value_element_as_str()
+    return f"{override.get_key_element()}={text}"
 
 
 # --- summaries (protocol buffers TensorBoard's plugins read) -------------------------------------

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from dpt.errors import could_not_write
+from dpt.loggers import LOGGER_NAME, ONCE_LOGGER_NAME
 
-LOGGER_NAME = "dpt"
 TRACE_LOGGER_NAME = "dpt_traceback"
 
 
@@ -101,9 +101,13 @@ class _RankFileHandler(logging.FileHandler):
         )
 
 
-def setup_logging(prefix: str, log_file: Path | None = None) -> logging.Logger:
+def setup_logging(
+    prefix: str, log_file: Path | None = None, speaks_once: bool = True
+) -> logging.Logger:
     """Configure the `dpt` logger for this process: `[<prefix>] message` on stdout, and the same
-    lines in `log_file` (one file per rank, so ranks never interleave inside a file)."""
+    lines in `log_file` (one file per rank, so ranks never interleave inside a file).
+    `speaks_once`: this process says the lines every rank says alike (`dpt.once`: rank 0, a
+    command) on the console; the other ranks and a launching process keep them to their file."""
     logger = logging.getLogger(LOGGER_NAME)
     logger.setLevel(logging.INFO)
     logger.propagate = False  # Hydra's root handlers would print every line twice
@@ -113,6 +117,8 @@ def setup_logging(prefix: str, log_file: Path | None = None) -> logging.Logger:
     formatter = _EveryLineFormatter(f"[{prefix}] %(message)s")
     console = _TqdmStreamHandler()
     console.setFormatter(formatter)
+    if not speaks_once:
+        console.addFilter(lambda record: record.name != ONCE_LOGGER_NAME)
     logger.addHandler(console)
     trace = logging.getLogger(TRACE_LOGGER_NAME)
     trace.propagate = False  # tracebacks go to the rank's file only, never to the console

@@ -11,14 +11,14 @@ the slowest rank lags (stragglers).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -101,14 +101,46 @@ class StragglerWatch:
 
 def throughput_text(scalars: dict[str, float]) -> str:
     """` | 51,200 tokens/s | MFU 38.5%` (or `| 0.052 TFLOP/s`): a console line's tail."""
-    text = ""
+    return "".join(f" | {part}" for part in _throughput_parts(scalars))
+
+
+def _throughput_parts(scalars: dict[str, float]) -> list[str]:
+    parts = []
     if "train/tokens_per_s" in scalars:
-        text += f" | {scalars['train/tokens_per_s']:,.0f} tokens/s"
+        parts.append(f"{scalars['train/tokens_per_s']:,.0f} tokens/s")
     if "perf/mfu" in scalars:
-        text += f" | MFU {_percent(scalars['perf/mfu'])}"
+        parts.append(f"MFU {_percent(scalars['perf/mfu'])}")
     elif "perf/tflops" in scalars:
-        text += f" | {scalars['perf/tflops']:.3g} TFLOP/s"
-    return text
+        parts.append(f"{scalars['perf/tflops']:.3g} TFLOP/s")
+    return parts
+
+
+@dataclass(frozen=True)
+class Speed:
+    """The world's pace over some span: samples/s, and for a task of tokens its tokens/s and
+    MFU (or TFLOP/s), by TensorBoard tag."""
+
+    samples_per_s: float
+    throughput: dict[str, float] = field(default_factory=dict)
+
+    def text(self) -> str:
+        """`18,961 samples/s, 6,700 tokens/s, MFU 38.5%`."""
+        return ", ".join([f"{self.samples_per_s:,.0f} samples/s",
+                          *_throughput_parts(self.throughput)])  # fmt: skip
+
+    def record(self, prefix: str = "") -> dict[str, float]:
+        """As metrics.json has it: `samples_per_s`, `tokens_per_s`, `mfu`, each after `prefix`."""
+        found = {f"{prefix}samples_per_s": self.samples_per_s}
+        return found | {f"{prefix}{tag.split('/')[1]}": v for tag, v in self.throughput.items()}
+
+
+def done_speeds(steady: Speed | None, whole: Speed) -> str:
+    """The done line's speeds, each labelled: the loop's steady pace (its logging windows after
+    the first) beside the whole run's (start-up, validation and checkpoints included)."""
+    text = f"whole run {whole.text()} (world, with start-up, validation and checkpoints)"
+    if steady is None:  # one logging window: no pace without start-up to say
+        return text
+    return f"loop {steady.text()} (world, after the first logging window) | {text}"
 
 
 def _percent(share: float) -> str:
@@ -119,14 +151,14 @@ def _percent(share: float) -> str:
 class MetricsLogger:
     def __init__(
         self,
-        run_dir: Path,
+        tb: dashboard.TbPlace,  # where its TensorBoard folders go (dpt.launch.job_place)
         env: DistEnv,
         total_steps: int,
         memory: Callable[[], dict[str, float]] | None = None,  # per-rank sizes (dpt.observe.memory)
         throughput: Throughput | None = None,  # tokens/s and MFU, for models of tokens
         copies: int = 1,  # ranks that train each sample (a pipeline's stages)
     ) -> None:
-        self.env, self.tb = env, dashboard.place(run_dir)
+        self.env, self.tb = env, tb
         self.copies = copies
         self.memory, self.throughput = memory, throughput
         self.total_steps = total_steps
@@ -142,6 +174,11 @@ class MetricsLogger:
         self.lines = HeldLines(log)  # the windows' console lines
         self.last_world_loss: float | None = None
         self.world_samples = 0  # world-wide samples trained in this session
+        # The loop's steady pace: world-wide samples and the slowest rank's seconds of this
+        # session's windows after its first (which holds start-up: the first steps, compilation).
+        self.windows_written = 0
+        self._steady = [0.0, 0.0]
+        self._outside = False  # in a span left out of the windows' time (`outside_windows`)
         self.bad_samples = 0  # world-wide unreadable samples skipped since the last `take_bad`
         self._since = [0, 0]  # samples trained, unreadable ones skipped: since the last agreement
         self._unread: list[torch.Tensor] = []  # per step since the last read-back, on the device
@@ -320,8 +357,15 @@ class MetricsLogger:
         rank_scalars |= window.extra | rank_throughput
         self._hold(f"rank{self.env.rank}", rank_scalars, window.step, window.wall_time)
         self.last_world_loss = sum(r["loss"] for r in world) / sum(r["steps"] for r in world)
-        world_samples_s = (sum(r["samples"] for r in world) / self.copies
-                           / max(r["elapsed"] for r in world))  # fmt: skip
+        samples, seconds = (
+            sum(r["samples"] for r in world) / self.copies,
+            max(r["elapsed"] for r in world),
+        )
+        world_samples_s = samples / seconds
+        if self.windows_written:
+            self._steady[0] += samples
+            self._steady[1] += seconds
+        self.windows_written += 1
         stragglers = self.stragglers.update([r["work_s"] / r["steps"] for r in world])
         if self.env.is_main:
             world_scalars = {"train/loss": self.last_world_loss,
@@ -337,6 +381,31 @@ class MetricsLogger:
             self.bar.set_postfix(
                 loss=f"{self.last_world_loss:.4f}", samples_s=f"{world_samples_s:,.0f}"
             )
+
+    def speeds(self, whole_samples_per_s: float) -> tuple[Speed | None, Speed]:
+        """The world's pace in this session's logging windows after the first (the loop's own,
+        without start-up; None where there was one window), and over the whole run."""
+        devices = self.env.world_size
+        samples, seconds = self._steady
+        steady = None
+        if seconds > 0:
+            steady = Speed(samples / seconds, self._throughput(samples / seconds, devices))
+        whole = Speed(whole_samples_per_s, self._throughput(whole_samples_per_s, devices))
+        return steady, whole
+
+    @contextlib.contextmanager
+    def outside_windows(self) -> Iterator[None]:
+        """Time that is not training (validation, a checkpoint), left out of the open window's
+        time: a window's samples/s and step time are the loop's."""
+        if self._outside:  # inside another such span (a checkpoint at an epoch's end)
+            yield
+            return
+        self._outside, start = True, time.perf_counter()
+        try:
+            yield
+        finally:
+            self._outside = False
+            self._window_start += time.perf_counter() - start
 
     def _throughput(self, samples_per_s: float, devices: int = 1) -> dict[str, float]:
         """tokens/s and MFU (or TFLOP/s) of `devices` devices at `samples_per_s` together."""

@@ -20,6 +20,7 @@ from dpt.errors import DptError
 DATA_FILE = "data.json"
 LAST_MODEL = "model.pt"
 BEST_MODEL = "model_best.pt"
+METRICS_FILE = "metrics.json"  # the run's results, written at its end
 
 
 @dataclass

@@ -6,6 +6,8 @@ and the data set give them."""
 from __future__ import annotations
 
 import functools
+import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -14,13 +16,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpt.config import build_as
 from dpt.errors import DptError, one_line
-from dpt.targets import batch_shape
+from dpt.targets import Targets, batch_shape
 from dpt.tasks.task import Task
 from dpt.user_code import locate
 
 LOSS_KEY = "task.loss._target_"
 # Outputs and targets of this many samples, zeros, try the loss and metrics before training.
 TRIAL_BATCH = 2
+# Random outputs and targets of this many samples: does the loss broadcast them? (A batch of 2
+# could, by chance, give the same loss both ways; 8 does not.)
+LAYOUT_BATCH = 8
 
 
 class Custom(Task):
@@ -63,15 +68,62 @@ class Custom(Task):
         dtype = torch.long if self.targets.integer else torch.float32
         targets = torch.zeros(TRIAL_BATCH, *self.targets.shape, dtype=dtype)
         shapes = f"the model's output {batch_shape(output)} and the target {self.targets.text()}"
-        value = _tried(f"task.loss ({self.loss_name})", shapes, self.criterion, outputs, targets)
+        with warnings.catch_warnings():  # e.g. MSELoss's of broadcasting: said in one line below
+            warnings.simplefilter("ignore")
+            value = _tried(
+                f"task.loss ({self.loss_name})", shapes, self.criterion, outputs, targets
+            )
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
             raise DptError(
                 f"task=custom: task.loss ({self.loss_name}) returned "
                 f"{_described(value)} for {shapes}, not a scalar (reduce it, e.g. .mean())"
             )
+        self._check_layouts(output)
         for name, metric in self.metrics().items():
             target = self.metric_nodes[name].get("_target_")
             _tried(f"task.metrics.{name} ({target})", shapes, metric.update, outputs, targets)
+
+    def _check_layouts(self, output: tuple[int, ...]) -> None:
+        """Outputs and targets of as many numbers laid out apart, (B, 1) and (B,): a loss that
+        meets them elementwise broadcasts them to (B, B) and trains on nonsense, without an
+        error (MSELoss only warns). Asked of the loss itself, on random values: the outputs as
+        the model gives them, and the same outputs in the targets' shape. Where both give a loss
+        and the two differ, the loss broadcasts: refused. A loss that minds the layout itself
+        (it squeezes) fails on one of the two, and is left alone."""
+        target = self.targets.shape
+        if output == target or math.prod(output) != math.prod(target):
+            return
+        generator = torch.Generator().manual_seed(0)
+        outputs = torch.randn(LAYOUT_BATCH, *output, generator=generator)
+        targets = _random_targets(self.targets, LAYOUT_BATCH, generator)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                given = self.criterion(outputs, targets)
+                reshaped = self.criterion(outputs.reshape(targets.shape), targets)
+        except Exception:  # one of the layouts is not this loss's: it minds them itself
+            return
+        same = torch.is_tensor(given) and torch.is_tensor(reshaped)
+        if (
+            same
+            and given.shape == reshaped.shape
+            and torch.allclose(given, reshaped, equal_nan=True)
+        ):
+            return
+        raise DptError(
+            f"task=custom: task.loss ({self.loss_name}) broadcasts the model's output "
+            f"{batch_shape(output)} against the target {self.targets.text()} (to (B, B) or "
+            "wider): it gives another value for the same outputs in the target's shape; "
+            "reshape them in the loss (outputs.view_as(targets)) or in the model's forward "
+            f"(to {batch_shape(target)})"
+        )
+
+
+def _random_targets(spec: Targets, batch: int, generator: torch.Generator) -> torch.Tensor:
+    if spec.integer:
+        high = spec.classes or 2
+        return torch.randint(0, high, (batch, *spec.shape), generator=generator)
+    return torch.rand((batch, *spec.shape), generator=generator)
 
 
 def _tried(what: str, shapes: str, call: Callable[..., Any], *args: torch.Tensor) -> Any:
