@@ -1,4 +1,5 @@
-"""dpt: train a model with `single`, `dp` or `ddp` from one Hydra config (the same as `dpt`).
+"""dpt: train a model from one Hydra config, on one process or many (the same as `dpt`): single,
+dp, ddp, fsdp or pipeline, here, under torchrun or on SLURM.
 
 python train.py                          # single process, synthetic data, MLP
 python train.py strategy=ddp             # 2 CPU workers, or one per GPU

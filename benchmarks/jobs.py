@@ -209,9 +209,9 @@ def checkout_env(checkout: Path) -> dict[str, str]:
 
 def run_job(job: Job, run_dir: Path, env: dict[str, str], timeout_s: float) -> RunResult:
     run_dir.mkdir(parents=True)
-    env = {k: v for k, v in env.items() if k not in allocator.ENV}
+    env = {k: v for k, v in env.items() if k not in allocator.HEAP_ENV}
     if not job.out_of_the_box:
-        env.update(allocator.ENV)
+        env.update(allocator.HEAP_ENV)
     env[FIRST_STEP_ENV] = str(run_dir / FIRST_STEP_FILE)  # read by stamped_train.py only
     if job.checkout is not None:
         env |= checkout_env(job.checkout)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from benchmarks.runner import Say, alternate, spawn_world
-from dpt.config import build
+from dpt.config.build import build
 from dpt.distributed import DistEnv
 from dpt.launch.cli import compose_from_argv
 from dpt.models.mlp import MLP

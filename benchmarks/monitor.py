@@ -38,10 +38,10 @@ import torch.nn.functional as F
 from benchmarks.jobs import Job, RunResult, Workload, child_env, run_rounds
 from benchmarks.runner import Say, Stat, alternate, paired_ratios, spawn_world, time_calls
 from benchmarks.sync import SyncModel, _build, dpt_ddp_options
-from dpt.config import MonitorConfig
+from dpt.config.monitor import MonitorConfig
 from dpt.distributed import DistEnv, all_gather_floats
 from dpt.launch import allocator
-from dpt.loop.agreement import MAX_WINDOWS, Agreement
+from dpt.loop.agreement import MAX_WINDOWS, Agreement, Payload
 from dpt.loop.interrupt import StopRequest
 from dpt.loop.precision import Precision
 from dpt.loop.strategy import DDP
@@ -136,15 +136,14 @@ class MonitorCalls:
     def agreement_s(self) -> float:
         """One agreement; the seconds of the monitor's part of it."""
         losses, windows = self.curve.take(self.steps), self._windows()
-        sent, at = [0.0] * self.metrics_floats, self.metrics_floats
         start = time.perf_counter()
-        payload = sent + self.monitor.payload(losses, [])
+        mine = Payload([0.0] * self.metrics_floats, self.monitor.payload(losses, []))
         paused = time.perf_counter()
-        verdict = self.agreement.agree(self.stop, self.step + self.steps, losses, payload)
+        verdict = self.agreement.agree(self.stop, self.step + self.steps, losses, mine.row())
         resumed = time.perf_counter()
         self.step += self.steps
         world_batch = BATCH * self.env.world_size
-        values = self.monitor.step_values([row[at:] for row in verdict.rows], self.step, 0,
+        values = self.monitor.step_values(mine.split(verdict.rows).monitor, self.step, 0,
                                           self.step * world_batch, world_batch)  # fmt: skip
         judged = self.monitor.judge(values, None, [])
         slow = self.monitor.judge([], None, windows, 0)  # after_agreement's

@@ -89,7 +89,7 @@ def stamp() -> None:
 def main() -> None:
     import hydra
 
-    from dpt.config import is_distributed
+    from dpt.config.strategies import is_distributed
     from dpt.launch.cli import run, task
     from dpt.launch.hydra_run import CONFIG_NAME, CONFIG_PATH
 

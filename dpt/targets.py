@@ -2,8 +2,8 @@
 shape (a 0/1 column, a K-hot row, a regression value or vector).
 
 Torch-free at import: the launching process describes the targets of dpt's own data sets from
-their config alone (`dpt.config.declared_targets`) before any process starts; a built data set's
-targets are read from its first readable sample (`Targets.of`).
+their config alone (`dpt.config.datasets.declared_targets`) before any process starts; a built
+data set's targets are read from its first readable sample (`Targets.of`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 
 from dpt.errors import ConfigError
 
-ENV = "DPT_IMPORT_PATH"
+IMPORT_PATH_ENV = "DPT_IMPORT_PATH"
 HINT = (
     "dpt imports your code from the folder it was started in and from PYTHONPATH "
     "(docs/guides/own-model-and-data.md)"
@@ -26,15 +26,15 @@ HINT = (
 def add_start_folder() -> None:
     """In the launching process: the start folder on the import path, for it and its ranks
     (first; folders an enclosing dpt process recorded follow it)."""
-    inherited = os.environ.get(ENV, "").split(os.pathsep)
+    inherited = os.environ.get(IMPORT_PATH_ENV, "").split(os.pathsep)
     folders = dict.fromkeys([os.getcwd(), *filter(None, inherited)])  # ordered, no repeats
-    os.environ[ENV] = os.pathsep.join(folders)
+    os.environ[IMPORT_PATH_ENV] = os.pathsep.join(folders)
     add_recorded_folders()
 
 
 def add_recorded_folders() -> None:
     """In a rank: the folders the launcher recorded, at the end of the import path."""
-    for folder in filter(None, os.environ.get(ENV, "").split(os.pathsep)):
+    for folder in filter(None, os.environ.get(IMPORT_PATH_ENV, "").split(os.pathsep)):
         if folder not in sys.path:
             sys.path.append(folder)
 

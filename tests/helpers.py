@@ -325,7 +325,7 @@ def one_thread() -> Iterator[None]:
     """torch's CPU ops on one intra-op thread for the `with`: small models gain nothing from
     threads, and on a busy 2-core machine (the other pytest worker's runs) a thread pool waiting
     for its slowest thread makes a step many times slower. What dpt gives each rank of a world
-    that fills the machine (dpt/launch/worker.py)."""
+    that fills the machine (dpt/loop/train.py)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -350,7 +350,7 @@ def joined_world(rank: int, world: int, port: int) -> Iterator[Any]:
     import multiprocessing
 
     from dpt.distributed import destroy_process_group, env_from_environment, init_process_group
-    from dpt.launch.worker import limit_cpu_threads
+    from dpt.loop.train import limit_cpu_threads
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -846,7 +846,7 @@ def runs_in_process(argv: list[str], folder: Path) -> bool:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from dpt.config import is_distributed
+    from dpt.config.strategies import is_distributed
     from dpt.errors import DptError
 
     try:

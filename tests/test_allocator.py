@@ -43,7 +43,7 @@ print(json.dumps({{"set": SET, "mapped": during.hblkhd - before.hblkhd,
 
 
 def probe(prelude: str, **env: str) -> dict[str, int]:
-    clean = {k: v for k, v in os.environ.items() if k not in allocator.ENV}
+    clean = {k: v for k, v in os.environ.items() if k not in allocator.HEAP_ENV}
     out = subprocess.run(
         [sys.executable, "-c", prelude + PROBE],
         cwd=REPO,
@@ -91,7 +91,7 @@ def test_glibc_variables_the_user_set_win() -> None:
 def test_an_allocator_the_user_chose_is_left_alone(
     name: str, value: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for other in (*allocator.ENV, "GLIBC_TUNABLES", "LD_PRELOAD"):
+    for other in (*allocator.HEAP_ENV, "GLIBC_TUNABLES", "LD_PRELOAD"):
         monkeypatch.delenv(other, raising=False)
     assert not allocator._user_chose()
     monkeypatch.setenv(name, value)

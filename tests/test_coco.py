@@ -18,7 +18,8 @@ from dpt.data.coco import CocoClassification, CocoData
 from dpt.data.images import ImageDecodeError, read_image_rgb, train_transform, val_transform
 from dpt.data.loaders import DropUnreadable
 from dpt.distributed import env_from_environment
-from dpt.launch.worker import _run, run_worker
+from dpt.launch.worker import run_worker
+from dpt.loop.train import train
 from dpt.targets import Targets
 from scripts.make_coco_fixture import make_fixture
 from tests.helpers import (
@@ -391,7 +392,7 @@ def _readable_train(fixture_info: tuple[Path, dict], folder: Path) -> Path:
 def _multilabel_rank(rank: int, world: int, port: int, run_dir: Path, overrides: list[str]) -> None:
     with joined_world(rank, world, port) as env:
         cfg = OmegaConf.to_container(compose(*overrides), resolve=True)
-        _run(OmegaConf.create(cfg), run_dir, env)  # as every rank: metrics.json, model.pt
+        train(OmegaConf.create(cfg), env, run_dir)  # as every rank: metrics.json, model.pt
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from dpt.launch import collector
 from dpt.launch import launchers as launch
+from dpt.loop import collector
 from dpt.loop.trainer import Trainer
 from tests.helpers import compose
 
@@ -79,11 +79,11 @@ def test_a_rank_trains_with_start_up_frozen_and_ends_with_collection_on(
         seen["enabled_while_building"] = gc.isenabled()
         return build_parts(*args)
 
-    from dpt.launch import worker
+    from dpt.loop import train
 
-    build_parts = worker.build_parts
+    build_parts = train.build_parts
     monkeypatch.setattr(Trainer, "fit", observed)
-    monkeypatch.setattr(worker, "build_parts", built)
+    monkeypatch.setattr(train, "build_parts", built)
     cfg = compose("trainer.max_steps=3", "dataset.num_val_samples=0", "checkpoint.enabled=false")
     summary = launch.run_worker(OmegaConf.to_container(cfg, resolve=True), str(tmp_path))
     assert summary["steps"] == 3

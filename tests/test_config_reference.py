@@ -1,4 +1,4 @@
-"""docs/reference/config.md: generated from the schemas (dpt/launch/reference.py), every key of
+"""docs/reference/config.md: generated from the schemas (scripts/config_reference.py), every key of
 every group listed with its type, default and comment, and saying what `dpt --help` says."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from dpt import config
-from dpt.launch import reference
+from dpt.config.datasets import ShardsConfig
+from dpt.config.store import SCHEMAS
 from dpt.launch.cli import show_help
+from scripts import config_reference as reference
 from tests.helpers import REPO
 
 PAGE = REPO / "docs" / "reference" / "config.md"
@@ -27,7 +28,7 @@ def generated() -> str:
 
 def test_the_page_is_what_the_schemas_and_options_say(generated: str) -> None:
     assert PAGE.read_text() == generated, (
-        "docs/reference/config.md is not current: python -m dpt.launch.reference "
+        "docs/reference/config.md is not current: python scripts/config_reference.py "
         "--out docs/reference/config.md"
     )
 
@@ -35,7 +36,7 @@ def test_the_page_is_what_the_schemas_and_options_say(generated: str) -> None:
 def test_every_key_of_every_group_is_listed_and_no_other(generated: str) -> None:
     assert reference.differences(PAGE.read_text()) == []
     titles = {title for title, _ in reference.page_keys(PAGE.read_text())}
-    options = {f"{g}={o}" for g, opts in config.SCHEMAS.items() for o in opts}
+    options = {f"{g}={o}" for g, opts in SCHEMAS.items() for o in opts}
     assert options | set(reference.ALWAYS) <= titles
     assert ("trainer", "trainer.early_stopping.patience") in reference.page_keys(generated)
 
@@ -47,8 +48,8 @@ def _without(schema: type, name: str) -> type:
 
 
 def test_a_key_dropped_from_a_schema_fails_the_check() -> None:
-    schemas = {group: dict(options) for group, options in config.SCHEMAS.items()}
-    schemas["dataset"]["shards"] = _without(config.ShardsConfig, "outage_s")
+    schemas = {group: dict(options) for group, options in SCHEMAS.items()}
+    schemas["dataset"]["shards"] = _without(ShardsConfig, "outage_s")
     assert reference.differences(PAGE.read_text(), schemas) == [
         "on the page but in no schema: dataset=shards: dataset.outage_s"
     ]
@@ -100,7 +101,7 @@ def help_text() -> str:
 
 def test_help_and_reference_name_the_same_groups_and_options(help_text: str) -> None:
     listed = dict(re.findall(r"^(\w+): (\w+(?:, \w+)*)$", help_text, re.M))
-    for group in (*config.SCHEMAS, "experiment"):
+    for group in (*SCHEMAS, "experiment"):
         on_page = re.search(r"^Options: (.*)\.$", _group_part(group), re.M)
         options = on_page.group(1).replace("`", "") if on_page else _experiments()
         assert listed[group] == options, group

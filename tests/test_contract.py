@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from dpt import user_code
-from dpt.config import build
+from dpt.config.build import build
 from dpt.contract import class_names, model_kwargs
 from dpt.distributed import DistEnv
 from dpt.errors import ConfigError, DptError, one_line
@@ -93,7 +93,7 @@ def test_user_code_is_found_in_the_start_folder_and_in_every_rank(
 ) -> None:
     (tmp_path / "my_models_abc.py").write_text("class Net:\n    pass\n")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(user_code.ENV, "/an/enclosing/run")  # restored after the test
+    monkeypatch.setenv(user_code.IMPORT_PATH_ENV, "/an/enclosing/run")  # restored after the test
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     with pytest.raises(ConfigError) as caught:
         user_code.check_importable("my_models_abc.Net", "model._target_")
@@ -103,7 +103,9 @@ def test_user_code_is_found_in_the_start_folder_and_in_every_rank(
     )
     user_code.add_start_folder()  # the launcher
     assert sys.path[-2:] == [str(tmp_path), "/an/enclosing/run"]  # last: it shadows nothing
-    assert os.environ[user_code.ENV] == os.pathsep.join([str(tmp_path), "/an/enclosing/run"])
+    assert os.environ[user_code.IMPORT_PATH_ENV] == os.pathsep.join(
+        [str(tmp_path), "/an/enclosing/run"]
+    )
     assert user_code.locate("my_models_abc.Net", "model._target_").__name__ == "Net"
     sys.path.remove(str(tmp_path))
     user_code.add_recorded_folders()  # a rank, from the recorded environment

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dpt.launch import reference
+from scripts import config_reference as reference
 from tests.helpers import REPO, run_cmd
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from dpt.config import cpu_cores
+from dpt.config.store import cpu_cores
 from dpt.errors import DptError
 from dpt.launch.launchers import MAX_PROCESSES_PER_CORE, check_cpu_processes
 from dpt.loop.schedulers import warmup_cosine

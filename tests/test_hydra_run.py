@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dpt.config import register_configs
+from dpt.config.store import register_configs
 from dpt.launch import hydra_run
 from dpt.launch.hydra_run import CONFIG_NAME, CONFIG_PATH, hydra_app, hydra_args
 

@@ -129,3 +129,86 @@ def test_targets_of_the_flat_layout_compare_as_their_new_paths_on_resume() -> No
     assert moved_to("dpt.launch.launchers.LocalLauncher") is None  # the new path stays
     for new_path in (moved_to(f"{m}.x") for m in ("dpt.strategy", "dpt.launch", "dpt.sweep")):
         assert new_path is not None and new_path.rpartition(".")[0] in MODULES
+
+
+# --- one place for each fact ----------------------------------------------------------------------
+
+MAX_LINES = 600  # a source file of dpt/ past this holds more than one job
+WORD = re.compile(r"[\w./-]+")  # what an allowed value or a name of dpt's looks like
+
+
+def _strings(node: ast.AST) -> frozenset[str] | None:
+    """The set of strings a literal spells: a tuple, list or set of 2 or more strings, or a dict's
+    2 or more string keys; None for anything else (prose, mixed values)."""
+    items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
+    if not isinstance(node, ast.Tuple | ast.List | ast.Set | ast.Dict) or not items:
+        return None
+    values = [item.value for item in items if isinstance(item, ast.Constant)]
+    if len(values) < 2 or len(values) != len(items) or not all(isinstance(v, str) for v in values):
+        return None
+    return frozenset(values) if all(WORD.fullmatch(v) for v in values) else None
+
+
+def _definitions(tree: ast.Module) -> list[ast.AST]:
+    """The module's and its classes' assignments: where a set of values is given a name."""
+    found: list[ast.AST] = []
+    for node in [
+        *tree.body,
+        *(n for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body),
+    ]:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            found.append(node.value)
+    return found
+
+
+def value_sets(sources: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(sets of values spelled twice where one of them is named, UPPER_CASE names defined in
+    two modules) among `sources` (module name -> its text)."""
+    spelled: dict[frozenset[str], list[str]] = {}
+    named: set[frozenset[str]] = set()
+    constants: dict[str, list[str]] = {}
+    for module, text in sources.items():
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            found = _strings(node)
+            if found is not None:
+                spelled.setdefault(found, []).append(f"{module}:{node.lineno}")
+        named |= {s for value in _definitions(tree) for s in map(_strings, ast.walk(value)) if s}
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, ast.AnnAssign) else [])  # fmt: skip
+            for name in (n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)):
+                if name.isupper():
+                    constants.setdefault(name, []).append(module)
+    twice = [f"{sorted(values)}: {', '.join(places)}" for values, places in spelled.items()
+             if len(places) > 1 and values in named]  # fmt: skip
+    names = [f"{name}: {', '.join(places)}" for name, places in constants.items()
+             if len(places) > 1]  # fmt: skip
+    return twice, names
+
+
+def test_each_allowed_value_set_and_name_is_defined_once() -> None:
+    """An allowed value set, a task's reported metrics, a constant's name: one definition,
+    imported wherever it is checked, built, documented or printed; a second spelling of a
+    named set (a tuple or a dict's keys) or a second constant of the same name fails here."""
+    twice, names = value_sets({name: path.read_text() for name, path in MODULES.items()})
+    assert not twice, "sets of values spelled again:\n" + "\n".join(twice)
+    assert not names, "constants defined in two modules:\n" + "\n".join(names)
+
+
+def test_the_rule_catches_a_set_spelled_again_and_a_name_defined_twice() -> None:
+    sources = {
+        "dpt.config.x": 'MODES = ("min", "max")\n',
+        "dpt.launch.y": 'def f(m):\n    return m in ("max", "min")\n',
+        "dpt.loop.z": 'MODES = {"min": 0, "max": 1}\n',
+        "dpt.loop.w": 'PAIR = ("a", "b")\n',  # named once, spelled once: fine
+    }
+    twice, names = value_sets(sources)
+    assert twice == ["['max', 'min']: dpt.config.x:1, dpt.launch.y:2, dpt.loop.z:1"]
+    assert names == ["MODES: dpt.config.x, dpt.loop.z"]
+
+
+def test_no_source_file_holds_more_than_one_job() -> None:
+    long = {name: n for name, path in MODULES.items()
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}  # fmt: skip
+    assert not long, f"over {MAX_LINES} lines: {long}"

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from dpt.config import EarlyStoppingConfig, TrainerConfig
+from dpt.config.trainer import EarlyStoppingConfig, TrainerConfig
 from dpt.distributed import DistEnv
 from dpt.loop import agreement
 from dpt.loop.agreement import MAX_WINDOWS, SPACING_S, Agreement, NonFiniteLoss

@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dpt.config import MonitorConfig
+from dpt.config.monitor import MonitorConfig
 from dpt.data.loaders import order_of
 from dpt.data.synthetic import SyntheticData
 from dpt.errors import ConfigError

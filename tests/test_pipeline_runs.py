@@ -6,7 +6,7 @@ weights; validation, model_best.pt and dpt-predict see the whole model; each sta
 compute time, idle time and bubble.
 
 The pipeline runs share two spawned worlds (2 and 4 ranks: one start-up each) and run through
-the rank's own run function (`dpt.launch.worker._run`: model.pt, data.json, metrics.json as a
+the rank's own run function (`dpt.loop.train.train`: model.pt, data.json, metrics.json as a
 real run writes them); the one-process runs run in this process (`run_worker`).
 """
 
@@ -95,7 +95,7 @@ def _world_runs(out: Path, world: int) -> dict[str, list[str]]:
 
 
 def _ranks(rank: int, world: int, port: int, out: Path) -> None:
-    from dpt.launch.worker import _run
+    from dpt.loop.train import train
 
     with joined_world(rank, world, port) as env:
         if world == 2:  # the benchmark's measurement, on this world (its own is the same code)
@@ -109,7 +109,7 @@ def _ranks(rank: int, world: int, port: int, out: Path) -> None:
             if env.is_main:  # as Hydra keeps it: dpt-predict builds the model from it
                 (out / name / ".hydra").mkdir(parents=True, exist_ok=True)
                 OmegaConf.save(cfg, out / name / ".hydra" / "config.yaml")
-            _run(cfg, out / name, env)
+            train(cfg, env, out / name)
 
 
 def _single(run_dir: Path, *overrides: str) -> dict:

@@ -220,7 +220,7 @@ def test_another_run_folders_checkpoint_is_compared_too(tmp_path: Path) -> None:
 
 def _resumed_trainer(run: Path, *overrides: str) -> Any:
     """A trainer built in `run` with `overrides`, resumed as a rank resumes (see
-    dpt.launch.worker)."""
+    dpt.loop.train)."""
     trainer = build_trainer(run, CPU1, *SMALL, *overrides)
     parts = trainer.parts
     configured = resume_apply.Settings.of(parts.optimizer, parts.scheduler)

@@ -21,7 +21,8 @@ import torch
 
 from dpt.errors import DptError
 from dpt.launch import run_lock
-from dpt.launch.worker import _write_outputs, run_worker
+from dpt.launch.worker import run_worker
+from dpt.loop.train import write_outputs
 from dpt.observe.logs import setup_logging
 from dpt.state.checkpoint import CheckpointError
 from tests.helpers import (
@@ -287,7 +288,7 @@ def test_a_full_disk_at_the_end_leaves_no_half_written_results(full_disk: Path) 
     _fill(full_disk)
     summary = {"final_loss": 1.0}
     with pytest.raises(CheckpointError) as failed:
-        _write_outputs(run, torch.nn.Linear(64, 64), summary)
+        write_outputs(run, torch.nn.Linear(64, 64), summary)
     assert str(failed.value) == f"could not write model {run}/model.pt: no space left on device"
     assert list(run.iterdir()) == []  # no half-written file, no temporary left
 
@@ -315,25 +316,25 @@ def _results(run: Path, steps: int, stopped_early: bool) -> dict[str, Any]:
 def test_a_run_is_finished_when_its_results_are_written_and_nothing_is_left(
     tmp_path: Path, written: tuple[int, bool] | None, step: int, total: int, finished: bool
 ) -> None:
-    from dpt.launch.worker import _finished
+    from dpt.loop import train
     from dpt.state.checkpoint import Committed
     from tests.test_checkpoint import CPU1
 
     summary = _results(tmp_path, *written) if written else None
     resumed = Committed(tmp_path / "checkpoints" / f"step-{step:08d}", step)
-    assert _finished(tmp_path, resumed, total, CPU1) == (summary if finished else None)
+    assert train.finished(tmp_path, resumed, total, CPU1) == (summary if finished else None)
 
 
 def test_an_early_stopped_run_says_how_to_go_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from dpt.launch.worker import _finished
+    from dpt.loop.train import finished
     from dpt.state.checkpoint import Committed
     from tests.test_checkpoint import CPU1
 
     caplog.set_level(logging.INFO, "dpt")
     _results(tmp_path, 12, True)
-    _finished(tmp_path, Committed(tmp_path / "checkpoints" / "step-00000012", 12), 40, CPU1)
+    finished(tmp_path, Committed(tmp_path / "checkpoints" / "step-00000012", 12), 40, CPU1)
     assert [r.getMessage() for r in caplog.records] == [
         f"run folder {tmp_path} is complete (stopped early at step 12 of 40); nothing "
         "overwritten. To train further, raise trainer.early_stopping.patience "

@@ -15,8 +15,9 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 from dpt.errors import Abort, ConfigError
-from dpt.launch import objective, search_space
+from dpt.launch import search_space
 from dpt.launch.search import RETRY_OF, Search, finished
+from dpt.tasks import objective
 from tests.helpers import compose
 
 # --- the search space -------------------------------------------------------------------------

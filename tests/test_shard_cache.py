@@ -27,11 +27,9 @@ import fsspec
 import pytest
 from fsspec.registry import known_implementations
 
-from dpt.data.shard_cache import (
-    CacheFull,
-    CacheStats,
+from dpt.data.shard_cache import CacheFull, CacheStats, ShardCache
+from dpt.data.shard_fetch import (
     FetchPolicy,
-    ShardCache,
     ShardUnavailable,
     SourceUnreachable,
     is_local,

@@ -16,7 +16,7 @@ import torch
 from dpt.data.coco import CocoClassification
 from dpt.data.crop_decode import RandomResizedCropDecode
 from dpt.data.loaders import MISSING
-from dpt.data.shard_cache import ShardUnavailable
+from dpt.data.shard_fetch import ShardUnavailable
 from dpt.data.shards import ShardOrder, ShardsData
 from dpt.errors import ConfigError, DptError
 from scripts.make_coco_fixture import make_fixture

@@ -176,7 +176,7 @@ def _warnings_without_batchnorm() -> list[str]:
     handler.emit = records.append  # type: ignore[method-assign]
     logging.getLogger("dpt").addHandler(handler)
     try:
-        strategy = DDP(25, True, False, False, None, sync_batchnorm=True)
+        strategy = DDP(comm_hook=None, sync_batchnorm=True, bucket_cap_mb=25)
         strategy.wrap(MLP((8,), 2, [4]), env_from_environment("cpu"), "32")
     finally:
         logging.getLogger("dpt").removeHandler(handler)

@@ -414,8 +414,8 @@ def test_a_model_target_gets_only_the_keywords_its_signature_names() -> None:
 def test_each_task_sets_what_is_watched(
     kind: str, watch: str, mode: str, reports: tuple[str, ...]
 ) -> None:
-    from dpt.config import val_metrics
-    from dpt.launch import objective
+    from dpt.config.tasks import val_metrics
+    from dpt.tasks import objective
 
     cfg = compose(f"task={kind}")
     es = cfg.trainer.early_stopping
@@ -436,7 +436,7 @@ def test_a_search_optimizes_an_own_metric_the_way_its_class_says(
 ) -> None:
     """val/brier is watched (task.mode=min); val/acc is not, and BinaryAccuracy says it is
     better higher: the sweeper's direction, known before any trial runs."""
-    from dpt.launch import objective as objectives
+    from dpt.tasks import objective as objectives
 
     cfg = compose("--config-dir", str(EXAMPLE / "conf"), "model=simple_net", "dataset=random",
                   "task=focal", f"sweep.objective={objective}")  # fmt: skip

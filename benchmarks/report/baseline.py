@@ -115,7 +115,7 @@ def _method(b: dict[str, Any]) -> str:
         + (f", {w.image_size} px images" if w.model != "mlp" else "")
         for w in b["workloads"]
     )
-    heap = ", ".join(f"`{k}={v}`" for k, v in allocator.ENV.items())
+    heap = ", ".join(f"`{k}={v}`" for k, v in allocator.HEAP_ENV.items())
     imported = b.get("imported", {})
     where = f" (this run: `{imported['base']}` and `{imported['this']}`)" if imported else ""
     return (

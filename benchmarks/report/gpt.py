@@ -79,7 +79,7 @@ def markdown(results: Results) -> str:
 def _method(g: dict[str, Any]) -> str:
     m, w = g["model"], g["work"]
     tokens = w.batch_size * m["block_size"]
-    heap = ", ".join(f"`{k}={v}`" for k, v in allocator.ENV.items())
+    heap = ", ".join(f"`{k}={v}`" for k, v in allocator.HEAP_ENV.items())
     return (
         f"**The model and data.** `experiment={m['experiment']}`: a GPT of {m['n_layer']} "
         f"blocks, width {m['n_embd']}, {m['n_head']} heads, windows of {m['block_size']} tokens, "

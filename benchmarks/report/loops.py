@@ -48,7 +48,7 @@ def _loops(results: Results) -> str:
          f"{r['loss_gap']:.1e}")
         for r in results["loops"]
     ]  # fmt: skip
-    heap = ", ".join(f"`{k}={v}`" for k, v in allocator.ENV.items())
+    heap = ", ".join(f"`{k}={v}`" for k, v in allocator.HEAP_ENV.items())
     describe = "; ".join(
         f"{w.model}: batch {w.batch_size} per process, windows of {w.log_every} steps from step "
         f"{w.warmup_steps} to {w.steps}"

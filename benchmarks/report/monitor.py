@@ -10,7 +10,7 @@ from typing import Any
 
 from benchmarks.monitor import BLOCK_STEPS, DIAGNOSED_EVERY, MONITOR_OFF, STEP_S
 from benchmarks.report.common import Results, TargetRow, fmt_ratio, md_table, target
-from dpt.config import SlowdownConfig
+from dpt.config.monitor import SlowdownConfig
 
 TARGET_PCT = 1.0  # issue #28: the detectors at their defaults, per step, under 1 % of the MLP step
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from dpt import user_code
 from dpt.commands.command import run_command
+from dpt.config.tasks import LANGUAGE_MODEL
 from dpt.errors import DptError
 from dpt.state.results import RunData, read_run_data
 
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from dpt.commands.run_model import Predictor
     from dpt.data.tokenizer import Tokenizer
 
-LANGUAGE_MODEL = "language_model"
 REPLACEMENT = "\ufffd"  # what a cut multi-byte character decodes to, until its last byte comes
 
 

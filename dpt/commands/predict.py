@@ -63,7 +63,8 @@ from dpt.commands.predict_rows import (
     layout,
     summary,
 )
-from dpt.commands.run_model import CLASSIFICATION, Predictor, no_transform_message, run_folder
+from dpt.commands.run_model import Predictor, no_transform_message, run_folder
+from dpt.config.tasks import CLASSIFICATION
 from dpt.errors import DptError
 from dpt.state.results import read_run_data
 

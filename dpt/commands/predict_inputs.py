@@ -30,11 +30,6 @@ def is_tensor_file(path: Path) -> bool:
     return path.suffix.lower() in TENSOR_SUFFIXES
 
 
-def image_files(paths: Sequence[str]) -> list[Path]:
-    """Files named as given, and the image files under folders (recursively, sorted), once each."""
-    return input_files(paths, images=True)
-
-
 def input_files(paths: Sequence[str], images: bool = True) -> list[Path]:
     """Files named as given, and under folders (recursively, sorted) the image files (`images`)
     or the tensor files (a run without val transform), once each."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dpt.commands.run_model import BINARY, CLASSIFICATION, MULTILABEL
+from dpt.config.tasks import BINARY, CLASSIFICATION, MULTILABEL
 from dpt.errors import DptError, could_not_write
 
 if TYPE_CHECKING:

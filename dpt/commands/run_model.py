@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpt.config.tasks import CLASSIFICATION
 from dpt.errors import DptError, first_line, one_line, torch_load_reason
 from dpt.state.results import BEST_MODEL, DATA_FILE, LAST_MODEL, RunData, read_run_data
 from dpt.state.sweep_folder import is_sweep, not_a_run
@@ -34,8 +35,6 @@ PRETRAINED_WEIGHTS_TARGETS = (
     "dpt.models.resnet.resnet",
     "dpt.models.classifiers.torchvision_classifier",
 )
-# The task kinds data.json records (`RunData.task`) that dpt-predict tells apart.
-CLASSIFICATION, BINARY, MULTILABEL = "classification", "binary", "multilabel"
 
 
 def weights_file(run_dir: Path, last: bool = False) -> tuple[Path, str | None]:
@@ -156,7 +155,7 @@ def build_transform(run_dir: Path, data: RunData) -> Any:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from dpt.config import build
+    from dpt.config.build import build
 
     try:
         return build(OmegaConf.create(data.val_transform))
@@ -169,7 +168,7 @@ def _run_config(run_dir: Path) -> Any:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from dpt.config import register_configs
+    from dpt.config.store import register_configs
 
     register_configs()  # the `${dpt.cores:N}` resolver, for nodes that refer to others
     path = run_dir / CONFIG_FILE
@@ -209,7 +208,7 @@ def task_config(run_dir: Path, data: RunData, cfg: Any = None) -> Any:
             f"{run_dir / CONFIG_FILE} has no `task` node: {run_dir / DATA_FILE} says the run's "
             f"task is {data.task}, which dpt-predict needs the config of"
         )
-    from dpt.config import BEFORE_TASKS
+    from dpt.config.tasks import BEFORE_TASKS
 
     return OmegaConf.create(BEFORE_TASKS)  # a run folder of before tasks
 

@@ -23,7 +23,7 @@ from dpt.errors import DptError
 
 log = logging.getLogger("dpt")
 
-BYTES = 256  # a byte-level vocabulary's alphabet: every byte a token before any merge
+BYTE_TOKENS = 256  # a byte-level vocabulary's alphabet: every byte a token before any merge
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -34,7 +34,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="a text file, or a folder of them (as dataset.root)")  # fmt: skip
     add_extensions(parser)
     parser.add_argument("--vocab-size", required=True, type=int, metavar="N",
-                        help=f"tokens in all: {BYTES} bytes and N - {BYTES} merges")  # fmt: skip
+                        help=f"tokens in all: {BYTE_TOKENS} bytes and N - {BYTE_TOKENS} "
+                             "merges")  # fmt: skip
     parser.add_argument("--out", required=True, metavar="FILE", help="the tokenizer's JSON file")
     return parser.parse_args(argv)
 
@@ -46,8 +47,10 @@ def train(root: Path, vocab_size: int, out: Path, exts: tuple[str, ...] = EXTENS
 
     from dpt.data.text_files import text_files
 
-    if vocab_size <= BYTES:
-        raise DptError(f"--vocab-size {vocab_size}: more than {BYTES} (the bytes, then merges)")
+    if vocab_size <= BYTE_TOKENS:
+        raise DptError(
+            f"--vocab-size {vocab_size}: more than {BYTE_TOKENS} (the bytes, then merges)"
+        )
     train_files, val_files = text_files(root, exts, FLAGS)
     files = [str(path) for path in [*train_files, *val_files]]
     tokenizer = Tokenizer(models.BPE())

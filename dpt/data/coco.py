@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from pycocotools.coco import COCO
 
+from dpt.config.datasets import LABEL_POLICIES
 from dpt.data.crop_decode import RandomResizedCropDecode
 
 # BAD_IMAGE_POLICIES and UnreadableImageError were defined here before the image folder data
@@ -35,7 +36,6 @@ from dpt.targets import Targets
 
 once = logging.getLogger(ONCE_LOGGER_NAME)  # what every rank says alike: rank 0 says it
 
-LABEL_POLICIES = ("first", "largest", "all")
 
 Annotation = dict[str, Any]
 Sample = tuple[torch.Tensor, int]

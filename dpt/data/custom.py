@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import Dataset
 
-from dpt.config import build_as
+from dpt.config.build import build_as
 from dpt.contract import first_sample, takes_keyword
 from dpt.errors import DptError
 from dpt.targets import Targets

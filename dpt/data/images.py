@@ -17,6 +17,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from dpt.config.datasets import BAD_IMAGE_POLICIES
 from dpt.errors import ConfigError, DptError
 
 log = logging.getLogger("dpt")
@@ -117,10 +118,6 @@ def _decode_with_pil(data: bytearray, path: str | os.PathLike[str]) -> torch.Ten
 
 def _error(path: str | os.PathLike[str], reason: str) -> ImageDecodeError:
     return ImageDecodeError(f"cannot read image {os.fspath(path)}: {reason}", reason)
-
-
-# `on_bad_image` of the image data sets: what a file that cannot be decoded does.
-BAD_IMAGE_POLICIES = ("skip", "error")
 
 
 def check_bad_image_policy(policy: str) -> None:

@@ -17,7 +17,13 @@ from dpt.data.seeded import SeededSamples
 from dpt.distributed import DistEnv
 from dpt.targets import Targets
 
-Batch = tuple[torch.Tensor, torch.Tensor, int]  # inputs, targets, samples left out (`Skipped`)
+
+class Batch(NamedTuple):
+    """A batch as the loaders give it to the loop."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    skipped: int  # samples left out: unreadable or missing (`Skipped`)
 
 
 class Missing:
@@ -79,15 +85,15 @@ class DropUnreadable:
 
     def __call__(self, samples: Sequence[Any] | StackedBatch) -> Batch:
         if isinstance(samples, StackedBatch):
-            return samples.inputs, samples.labels, 0
+            return Batch(samples.inputs, samples.labels, 0)
         good = [s for s in samples if s is not None and not isinstance(s, Missing)]
         skipped = Skipped(len(samples) - len(good), sum(isinstance(s, Missing) for s in samples))
         if not good:
             empty = torch.empty((0, *self.input_shape), dtype=self.input_dtype)
-            return empty, self.targets.empty(), skipped
+            return Batch(empty, self.targets.empty(), skipped)
         inputs = torch.stack([torch.as_tensor(s[0]) for s in good])
         targets = self.targets.stack([s[1] for s in good])
-        return inputs, targets, skipped
+        return Batch(inputs, targets, skipped)
 
 
 class ShardSampler(Sampler[int]):

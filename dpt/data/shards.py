@@ -33,9 +33,9 @@ from wids.wids import IndexedTarSamples
 from dpt.data.crop_decode import RandomResizedCropDecode
 from dpt.data.images import BadImages, Decoder, DecodeThen, check_bad_image_policy, val_transform
 from dpt.data.loaders import MISSING
-from dpt.data.shard_cache import (
+from dpt.data.shard_cache import ShardCache
+from dpt.data.shard_fetch import (
     FetchPolicy,
-    ShardCache,
     ShardUnavailable,
     SourceUnreachable,
     is_local,

@@ -39,7 +39,7 @@ from dpt.targets import Targets
 log = logging.getLogger("dpt")
 once = logging.getLogger(ONCE_LOGGER_NAME)  # what every rank says alike: rank 0 says it
 
-CHUNK = 1 << 20  # bytes read at a time while hashing
+HASH_CHUNK = 1 << 20  # bytes read at a time while hashing
 
 
 def window_count(tokens: int, block_size: int) -> int:
@@ -165,7 +165,7 @@ def _key(train: list[Path], val: list[Path], tokenizer: Tokenizer, val_fraction:
         for path in files:
             digest.update(f"|{role}|{path.name}|".encode())
             with path.open("rb") as f:
-                while chunk := f.read(CHUNK):
+                while chunk := f.read(HASH_CHUNK):
                     digest.update(chunk)
     return digest.hexdigest()[:24]
 

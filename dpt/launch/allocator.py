@@ -22,7 +22,7 @@ import os
 MMAP_THRESHOLD = 32 * 2**20  # glibc's own largest threshold: smaller blocks come from the heap
 TRIM_THRESHOLD = 256 * 2**20  # free memory at the heap's top that is kept for the next step
 # The same settings through glibc's variables: what a process not started by dpt can be given.
-ENV = {
+HEAP_ENV = {
     "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
     "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
 }
@@ -50,7 +50,7 @@ def _glibc() -> bool:
 def _user_chose() -> bool:
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     return (
-        any(name in os.environ for name in ENV)
+        any(name in os.environ for name in HEAP_ENV)
         or "mmap_threshold" in tunables
         or "trim_threshold" in tunables
         or "malloc" in os.environ.get("LD_PRELOAD", "")

@@ -23,7 +23,9 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from dpt import user_code
-from dpt.config import build, register_configs
+from dpt.config import experiments
+from dpt.config.build import build
+from dpt.config.store import register_configs
 from dpt.errors import Abort, DptError, could_not_write, is_disk_full, one_line
 from dpt.launch import parent_death, run_lock, torchrun_job
 from dpt.launch.hydra_run import (
@@ -227,7 +229,9 @@ def _report(func: Callable[[], Any]) -> None:
         func()
     except Abort as rejected:
         _fail(rejected.error)
-    except (DptError, HydraException, OmegaConfBaseException) as error:
+    except HydraException as error:  # an experiment's key the chosen option lacks: dpt's words
+        _fail(experiments.explain(error, sys.argv[1:]) or error)
+    except (DptError, OmegaConfBaseException) as error:
         _fail(error)
     except OSError as error:  # e.g. Hydra writing `.hydra/config.yaml` onto a full disk
         if not is_disk_full(error):

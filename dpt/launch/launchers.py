@@ -19,7 +19,8 @@ from typing import Any
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from dpt.config import cpu_cores, is_distributed
+from dpt.config.store import cpu_cores
+from dpt.config.strategies import is_distributed
 from dpt.errors import DptError
 from dpt.launch import job_place
 from dpt.launch.environ import restored_environ
@@ -157,7 +158,7 @@ def run_worker(cfg_dict: dict[str, Any], run_dir: str | Path | None) -> dict[str
     """This process's rank of the Hydra job in `run_dir`, its TensorBoard place made here, where
     Hydra runs the job (None: a torchrun rank >= 1, which takes rank 0's folder and place):
     `dpt.launch.worker.run_worker`, imported (with torch) only when this process runs a rank."""
-    from dpt.launch import collector
+    from dpt.loop import collector
 
     tb = None if run_dir is None else job_place.place(Path(run_dir))
     with collector.off_during_startup():

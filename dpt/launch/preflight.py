@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from dpt.config import PipelineConfig, ShardsConfig, TextConfig, declared_targets, task_kind
+from dpt.config.datasets import ShardsConfig, TextConfig, declared_targets
+from dpt.config.strategies import PipelineConfig
+from dpt.config.tasks import CUSTOM, task_kind
 from dpt.launch.validate import is_own_model
-from dpt.tasks import fit
 
 
 def needs_building(cfg: DictConfig) -> bool:
@@ -29,7 +30,7 @@ def needs_building(cfg: DictConfig) -> bool:
         return False
     return (
         OmegaConf.get_type(cfg.strategy) is PipelineConfig  # the model's cut into its stages
-        or task_kind(cfg.task) == fit.CUSTOM
+        or task_kind(cfg.task) == CUSTOM
         or declared_targets(cfg.dataset) is None
         or not is_own_model(cfg.model)
         or schema is TextConfig  # its tokens, cached for the ranks; the model's vocabulary

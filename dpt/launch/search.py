@@ -22,8 +22,9 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from dpt.errors import Abort, ConfigError, DptError, first_line
-from dpt.launch import objective, search_space
+from dpt.launch import search_space
 from dpt.state.sweep_folder import SWEEP_CONFIG
+from dpt.tasks import objective
 
 RESULTS = "optimization_results.yaml"  # as hydra-optuna-sweeper writes it
 RETRY_OF = "retry_of"  # user attribute of a trial that reruns one cut short

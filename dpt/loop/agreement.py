@@ -23,10 +23,12 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from dpt.distributed import DistEnv, all_gather_floats
 from dpt.errors import DptError
 from dpt.loop.interrupt import StopRequest
+from dpt.monitor.monitor import Judgement
 
 log = logging.getLogger("dpt")
 
@@ -47,6 +49,14 @@ class NonFiniteLoss(DptError):
     rank: int = 0
 
 
+class Header(NamedTuple):
+    """What every rank sends before its payload."""
+
+    nonfinite: float  # its first non-finite loss since the last agreement, coded (0: none)
+    stop: float  # 1: a stop signal reached it
+    seconds: float  # its training time since the last agreement
+
+
 @dataclass
 class Verdict:
     """What every rank decided together at one step, and every rank's payload row."""
@@ -55,6 +65,41 @@ class Verdict:
     stop: bool
     rows: list[list[float]]  # rows[rank] = that rank's payload, as it sent it
     nonfinite: tuple[int, int] | None = None  # (step, rank) of the first non-finite loss
+
+
+@dataclass
+class Rows:
+    """Every rank's payload of one agreement, by its parts (rows[rank])."""
+
+    metrics: list[list[float]]  # the logging windows' numbers (dpt.observe.metrics)
+    monitor: list[list[float]]  # the monitor's values of the steps (dpt.monitor)
+
+
+@dataclass
+class Payload:
+    """What this rank sends at an agreement, by its parts."""
+
+    metrics: list[float]
+    monitor: list[float]
+
+    def row(self) -> list[float]:
+        return self.metrics + self.monitor
+
+    def split(self, rows: list[list[float]]) -> Rows:
+        """Every rank's row, laid out as this one's (the ranks' parts are the same sizes)."""
+        at = len(self.metrics)
+        return Rows([row[:at] for row in rows], [row[at:] for row in rows])
+
+
+@dataclass
+class Agreed:
+    """One agreement's outcome, the same on every rank: whether to stop, the monitor's
+    judgement of the steps it covers (whether this step's update applies, its events), and
+    every rank's payload."""
+
+    stop: bool
+    judgement: Judgement
+    rows: Rows
 
 
 class Agreement:
@@ -95,15 +140,17 @@ class Agreement:
         on_nonfinite=error."""
         first_step, first_loss = _first_nonfinite(losses, step - len(losses) + 1)
         now = time.perf_counter()
-        header = [float(self._code(first_step)), float(bool(stop)), now - self._agreed_at]
-        rows = all_gather_floats(header + payload, self.env)
-        self._plan(step, max(row[2] for row in rows))
+        mine = Header(float(self._code(first_step)), float(bool(stop)), now - self._agreed_at)
+        rows = all_gather_floats([*mine, *payload], self.env)
+        size = len(Header._fields)
+        heads = [Header(*row[:size]) for row in rows]
+        self._plan(step, max(head.seconds for head in heads))
         self._agreed_at = now
-        stop_now = any(row[1] for row in rows)
+        stop_now = any(head.stop for head in heads)
         if stop_now and not stop:
             stop.signal_name = "a signal on another rank"
-        verdict = Verdict(True, stop_now, [row[3:] for row in rows])
-        bad_code = max(row[0] for row in rows)
+        verdict = Verdict(True, stop_now, [row[size:] for row in rows])
+        bad_code = max(head.nonfinite for head in heads)
         if bad_code:
             try:
                 verdict.nonfinite = self._bad_step(int(bad_code), first_loss)

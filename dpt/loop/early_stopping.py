@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dpt.config import EarlyStoppingConfig
+from dpt.config.trainer import EarlyStoppingConfig
 from dpt.errors import DptError
 
 log = logging.getLogger("dpt")

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from dpt.config import TrainerConfig
+    from dpt.config.trainer import TrainerConfig
     from dpt.data.position import DataPosition
     from dpt.loop.agreement import Agreement
     from dpt.loop.parts import Parts

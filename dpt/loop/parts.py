@@ -15,14 +15,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from dpt.config import (
-    CheckpointConfig,
-    MonitorConfig,
-    TrainerConfig,
-    build,
-    build_as,
-    task_kind,
-)
+from dpt.config.build import build, build_as
+from dpt.config.monitor import MonitorConfig
+from dpt.config.tasks import CLASSIFICATION, LANGUAGE_MODEL, task_kind
+from dpt.config.trainer import CheckpointConfig, TrainerConfig
 from dpt.contract import DataModule, input_dtype, output_names, targets_of, val_transform_node
 from dpt.data.batch_memory import check_batch_fits
 from dpt.data.loaders import Loaders, ToDevice, build_loaders
@@ -79,7 +75,7 @@ def _typed(schema: type[T], node: DictConfig) -> T:
 @dataclass
 class Parts:
     settings: TrainerConfig
-    checkpoint: CheckpointConfig
+    checkpoint_settings: CheckpointConfig  # `checkpoints` below is what writes them
     env: DistEnv
     run_dir: Path
     strategy: Strategy
@@ -109,7 +105,8 @@ class Parts:
 
     @property
     def checkpoint_every(self) -> int:
-        return (self.checkpoint.every_n_steps or 0) if self.checkpoint.enabled else 0
+        ck = self.checkpoint_settings
+        return (ck.every_n_steps or 0) if ck.enabled else 0
 
 
 def build_parts(
@@ -144,7 +141,7 @@ def build_parts(
     monitor = Monitor(cfg.monitor, run_dir, env.is_main, clipping=t.grad_clip_norm is not None,
                       sharded_norm=strategy.shards_gradients and env.distributed)  # fmt: skip
     return Parts(
-        settings=t, checkpoint=cfg.checkpoint, env=env, run_dir=run_dir, strategy=strategy,
+        settings=t, checkpoint_settings=cfg.checkpoint, env=env, run_dir=run_dir, strategy=strategy,
         task=task, throughput=throughput, loaders=loaders, model=model,
         optimizer=optimizer, scheduler=scheduler, precision=precision, to_device=to_device,
         metrics=MetricsLogger(tb or one_run(run_dir), env, total_steps,
@@ -191,8 +188,8 @@ def build_data_task(node: DictConfig, data: DataModule) -> Task:
     kind, targets = task_kind(node), targets_of(data)
     outputs = fit.num_outputs(kind, targets, getattr(data, "num_classes", None))
     # A vocabulary's tokens are not listed (its tokenizer is kept instead: dpt-generate).
-    names = [] if kind == fit.LANGUAGE_MODEL else output_names(
-        data, outputs, classification=kind == fit.CLASSIFICATION)  # fmt: skip
+    names = [] if kind == LANGUAGE_MODEL else output_names(
+        data, outputs, classification=kind == CLASSIFICATION)  # fmt: skip
     return build_task(node, targets, outputs, names)
 
 

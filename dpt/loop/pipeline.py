@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dpt.config.strategies import INTERLEAVED, PIPELINE_SCHEDULES, pipeline_replicas
 from dpt.distributed import DistEnv, is_dtensor, local_part
 from dpt.errors import DptError
 from dpt.loop.strategy import Strategy, fsdp_precision, shard_by_blocks
@@ -59,12 +60,7 @@ class Pipeline(Strategy):
 
     def replicas(self, world_size: int) -> int:
         """How many copies of the pipeline the world holds; one line where it does not split."""
-        if world_size % self.stages:
-            raise DptError(
-                f"strategy.stages={self.stages}: a world of {world_size} ranks does not split "
-                f"into pipelines of {self.stages} stages; use a multiple of {self.stages} ranks"
-            )
-        replicas = world_size // self.stages
+        replicas = pipeline_replicas(self.stages, world_size)
         if replicas > 1 and self.data_parallel == "none":
             raise DptError(
                 f"strategy.stages={self.stages} on {world_size} ranks makes {replicas} copies "
@@ -188,15 +184,10 @@ class Pipeline(Strategy):
             with autocast():
                 return loss(output, target) * scale
 
-        if self.schedule_name == "interleaved_1f1b":  # several stages per rank
-            self.schedule = schedules.ScheduleInterleaved1F1B(
-                self.stage_objects, n_microbatches=chunks, loss_fn=loss_fn, scale_grads=False
-            )
-            return
-        kind = {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B}
-        self.schedule = kind[self.schedule_name](
-            self.stage_objects[0], n_microbatches=chunks, loss_fn=loss_fn, scale_grads=False
-        )
+        kind = getattr(schedules, PIPELINE_SCHEDULES[self.schedule_name])
+        # An interleaved schedule runs several stages per rank; the others, this rank's one.
+        held = self.stage_objects if self.schedule_name == INTERLEAVED else self.stage_objects[0]
+        self.schedule = kind(held, n_microbatches=chunks, loss_fn=loss_fn, scale_grads=False)
 
     # --- a step -------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from dpt.config import COMM_HOOK_NAMES
+from dpt.config.strategies import COMM_HOOK_NAMES, REDUCE_DTYPES
 from dpt.distributed import DistEnv
 from dpt.errors import DptError
 from dpt.models.blocks import blocks
@@ -20,11 +20,7 @@ from dpt.models.sync_batchnorm import convert_sync_batchnorm, has_batchnorm
 
 log = logging.getLogger("dpt")
 
-# `strategy.reduce_dtype` of fsdp (names checked in dpt.config).
-REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-# `strategy.comm_hook`: the names live in dpt.config (checked there before any process starts,
-# without torch); each maps to torch's `<name>_compress_hook`.
+# `strategy.comm_hook`: each name (dpt.config.strategies) is torch's `<name>_compress_hook`.
 COMM_HOOKS: dict[str, Callable[..., Any]] = {
     name: getattr(default_hooks, f"{name}_compress_hook") for name in COMM_HOOK_NAMES
 }
@@ -136,42 +132,25 @@ class DataParallel(Strategy):
 
 
 class DDP(Strategy):
-    """One process per device; `batch_size` is per process; gradients are all-reduced in buckets."""
+    """One process per device; `batch_size` is per process; gradients are all-reduced in buckets.
+
+    `comm_hook` and `sync_batchnorm` are dpt's keys; every other key of strategy=ddp is
+    DistributedDataParallel's keyword of the same name (dpt.config.strategies), passed on."""
 
     name = "ddp"
 
-    def __init__(
-        self,
-        bucket_cap_mb: float,
-        gradient_as_bucket_view: bool,
-        static_graph: bool,
-        find_unused_parameters: bool,
-        comm_hook: str | None,
-        sync_batchnorm: bool,
-    ) -> None:
+    def __init__(self, comm_hook: str | None, sync_batchnorm: bool, **wrapper: Any) -> None:
         if comm_hook is not None and comm_hook not in COMM_HOOKS:
             raise ValueError(f"comm_hook must be one of {', '.join(COMM_HOOKS)} or None")
-        self.bucket_cap_mb = bucket_cap_mb
-        self.gradient_as_bucket_view = gradient_as_bucket_view
-        self.static_graph = static_graph
-        self.find_unused_parameters = find_unused_parameters
-        self.comm_hook = comm_hook
-        self.sync_batchnorm = sync_batchnorm
+        self.comm_hook, self.sync_batchnorm, self.wrapper = comm_hook, sync_batchnorm, wrapper
 
     def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         if not torch.distributed.is_initialized():
             return model  # a world of one: nothing to synchronise
         if self.sync_batchnorm:
             model = _sync_batchnorm(model, env)
-        ddp = DistributedDataParallel(
-            model,
-            device_ids=[env.device.index] if env.device.type == "cuda" else None,
-            bucket_cap_mb=self.bucket_cap_mb,
-            # Gradients live in the communication buckets: one copy less per step.
-            gradient_as_bucket_view=self.gradient_as_bucket_view,
-            static_graph=self.static_graph,
-            find_unused_parameters=self.find_unused_parameters,
-        )
+        device_ids = [env.device.index] if env.device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=device_ids, **self.wrapper)
         if self.comm_hook is not None:
             # state=None: the hooks then use the default process group (the training world).
             ddp.register_comm_hook(state=None, hook=COMM_HOOKS[self.comm_hook])
@@ -188,18 +167,15 @@ class FSDP(Strategy):
     shards_gradients = True
 
     def __init__(
-        self,
-        reshard_after_forward: bool,
-        cpu_offload: bool,
-        reduce_dtype: str,
-        sync_batchnorm: bool,
+        self, cpu_offload: bool, reduce_dtype: str, sync_batchnorm: bool, **wrapper: Any
     ) -> None:
+        """`cpu_offload`, `reduce_dtype` and `sync_batchnorm` are dpt's keys; every other key of
+        strategy=fsdp is `fully_shard`'s keyword of the same name (dpt.config.strategies)."""
         if reduce_dtype not in REDUCE_DTYPES:
             raise ValueError(f"reduce_dtype must be one of {', '.join(REDUCE_DTYPES)}")
-        self.reshard_after_forward = reshard_after_forward
         self.cpu_offload = cpu_offload
-        self.reduce_dtype = REDUCE_DTYPES[reduce_dtype]
-        self.sync_batchnorm = sync_batchnorm
+        self.reduce_dtype = getattr(torch, REDUCE_DTYPES[reduce_dtype])
+        self.sync_batchnorm, self.wrapper = sync_batchnorm, wrapper
 
     def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         if not torch.distributed.is_initialized():
@@ -213,7 +189,7 @@ class FSDP(Strategy):
 
         options: dict[str, Any] = {
             "mesh": init_device_mesh(env.device.type, (env.world_size,)),
-            "reshard_after_forward": self.reshard_after_forward,
+            **self.wrapper,
             "mp_policy": fsdp_precision(precision, self.reduce_dtype),
             "offload_policy": CPUOffloadPolicy() if self._offloads(env) else OffloadPolicy(),
         }

@@ -19,15 +19,14 @@ import torch
 
 from dpt.data.loaders import Batch
 from dpt.data.position import DataPosition
-from dpt.data.shard_cache import SourceUnreachable
+from dpt.data.shard_fetch import SourceUnreachable
 from dpt.errors import one_line
 from dpt.loop import reactions, resume_apply
-from dpt.loop.agreement import NonFiniteLoss, Verdict
+from dpt.loop.agreement import Agreed, NonFiniteLoss, Payload
 from dpt.loop.interrupt import DataStopped, Interrupted, StopRequest, stop_on_signals
 from dpt.loop.parts import Parts
 from dpt.loop.reactions import RolledBack
 from dpt.loop.strategy import skip_gradient_sync
-from dpt.monitor.monitor import Judgement
 from dpt.observe.console import log_epoch
 from dpt.state.checkpoint import Committed, committed
 from dpt.state.stateful import (
@@ -97,13 +96,14 @@ class Trainer:
         clipped = grad_norm is not None
         if not clipped and self.monitor.computes_norm:  # for grad_spike's reactions alone
             grad_norm = self.precision.norm(self.model, self.optimizer)
-        samples, bad = sum(len(b[1]) for b in micro_batches), sum(b[2] for b in micro_batches)
+        samples = sum(len(batch.targets) for batch in micro_batches)
+        bad = sum(batch.skipped for batch in micro_batches)
         self.metrics.record(loss, samples, bad, data_s, work_s, grad_norm, clipped)
         ends_epoch_or_run, ends_window = self.ends_here()
         if ends_window:  # on the host: its sums wait for the next agreement
             self.metrics.end_window(self.progress.step + 1, self.position.epoch)
         agreed = self.agree(stop) if self.agrees_now(ends_epoch_or_run) else None  # waits: seldom
-        if agreed is None or agreed[1].apply_update:
+        if agreed is None or agreed.judgement.apply_update:
             self.update()
         else:
             self.precision.skip_step()
@@ -114,7 +114,7 @@ class Trainer:
         self.progress.step += 1
         self.position.sample += self.global_batch
         if agreed is not None:
-            self.after_agreement(*agreed, stop)
+            self.after_agreement(agreed, stop)
 
     def update(self) -> None:
         """The optimizer's step, with the gradient diagnostics around it where they are due."""
@@ -172,36 +172,37 @@ class Trainer:
             or ends_epoch_or_run
         )
 
-    def agree(self, stop: StopRequest) -> tuple[Verdict, Judgement]:
+    def agree(self, stop: StopRequest) -> Agreed:
         """The ranks' agreement, and the monitor's judgement of the steps it covers (the same on
         every rank: it reads what the agreement gathered)."""
         losses, norms = self.metrics.read_back()  # the agreement's one wait for the device
-        at = self.metrics.payload_size()  # where the monitor's part of each row begins
-        payload = self.metrics.payload() + self.monitor.payload(losses, norms)
+        mine = Payload(self.metrics.payload(), self.monitor.payload(losses, norms))
         step = self.progress.step + 1
         try:
-            verdict = self.agreement.agree(stop, step, losses, payload)
+            verdict = self.agreement.agree(stop, step, losses, mine.row())
         except NonFiniteLoss as error:
-            self.metrics.agreed(error.rows)  # the curves up to the bad step, to look at
-            raise reactions.nonfinite_error(self, error, [row[at:] for row in error.rows]) from None
-        values = self.monitor.step_values([row[at:] for row in verdict.rows], step,
-                                          self.position.epoch, self.position.sample,
-                                          self.global_batch)  # fmt: skip
+            rows = mine.split(error.rows)
+            self.metrics.agreed(rows.metrics)  # the curves up to the bad step, to look at
+            raise reactions.nonfinite_error(self, error, rows.monitor) from None
+        rows = mine.split(verdict.rows)
+        values = self.monitor.step_values(rows.monitor, step, self.position.epoch,
+                                          self.position.sample, self.global_batch)  # fmt: skip
         judgement = self.monitor.judge(values, verdict.nonfinite, [])
         reactions.name_skipped_nonfinite(self, judgement)  # before the update: its weights
         judgement.apply_update = judgement.apply_update and verdict.apply_update
-        return verdict, judgement
+        return Agreed(verdict.stop, judgement, rows)
 
-    def after_agreement(self, verdict: Verdict, judgement: Judgement, stop: StopRequest) -> None:
-        windows = self.metrics.agreed(verdict.rows)  # writes the windows ended since the last
+    def after_agreement(self, agreed: Agreed, stop: StopRequest) -> None:
+        windows = self.metrics.agreed(agreed.rows.metrics)  # the windows ended since the last
         self.progress.bad_samples += self.metrics.take_bad()
         self.check_skipped()
+        judgement = agreed.judgement
         if judgement.decisive is None:  # the windows' speed, unless the run goes back or ends
             slow = self.monitor.judge([], None, windows, self.position.epoch)
             judgement.events += slow.events
             judgement.decisive = slow.decisive
         reactions.react(self, judgement)  # records the events; a rollback or stop raises
-        if verdict.stop:  # agreed; a signal arriving later waits for the next agreement
+        if agreed.stop:  # agreed; a signal arriving later waits for the next agreement
             self.interrupt(stop)
         every_ckpt = self.parts.checkpoint_every
         if every_ckpt and self.progress.step % every_ckpt == 0:
@@ -327,7 +328,7 @@ class Trainer:
 
     def save_checkpoint(self) -> Path | None:
         """Every rank writes its part; rank 0 commits once all have (see dpt.state.checkpoint)."""
-        if not self.parts.checkpoint.enabled:
+        if not self.parts.checkpoint_settings.enabled:
             return None
         self.metrics.flush()  # the curves up to this step, on their way to disk first
         with self.metrics.outside_windows():
@@ -335,7 +336,9 @@ class Trainer:
 
     def resume(self) -> Committed | None:
         """Load the checkpoint `checkpoint.resume` picks, if any; the metrics continue there."""
-        start = self.parts.checkpoints.resume(self.parts.checkpoint.resume, self.state_parts())
+        start = self.parts.checkpoints.resume(
+            self.parts.checkpoint_settings.resume, self.state_parts()
+        )
         if start is None:  # a fresh start: an earlier run's events move aside with its work
             self.monitor.history.events.resume_at(0)
         if start is not None:

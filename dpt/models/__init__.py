@@ -11,7 +11,7 @@ import sys
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from dpt.config import build_as
+from dpt.config.build import build_as
 from dpt.contract import model_kwargs
 from dpt.errors import DptError
 from dpt.user_code import locate

@@ -8,7 +8,7 @@ import torch
 import torchvision
 from torch import nn
 
-from dpt.config import RESNET_ARCHS
+from dpt.config.models import RESNET_ARCHS
 from dpt.errors import DptError
 from dpt.models.weights import load_weights
 

@@ -21,7 +21,7 @@ from typing import Any
 log = logging.getLogger("dpt")
 
 EVENTS = "events.jsonl"
-ABANDONED = "events.abandoned-"
+ABANDONED_EVENTS = "events.abandoned-"
 
 # What each action did, for the console line.
 DONE = {
@@ -127,8 +127,8 @@ class EventLog:
         lines = read_lines(self.path)
         if len(lines) <= written:
             return
-        aside = self.path.with_name(f"{ABANDONED}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-                                    ".jsonl")  # fmt: skip
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = self.path.with_name(f"{ABANDONED_EVENTS}{stamp}.jsonl")
         aside.write_text("".join(lines[written:]))
         tmp = self.path.with_name(f".{EVENTS}.tmp-{os.getpid()}")
         tmp.write_text("".join(lines[:written]))

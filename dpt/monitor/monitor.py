@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpt.config import MonitorConfig, SpikeConfig
+from dpt.config.monitor import MonitorConfig
 from dpt.monitor.detectors import Alarm, SlowdownDetector, SpikeDetector
 from dpt.monitor.events import Event, EventLog
 
@@ -267,6 +267,3 @@ class Monitor:
         self.history.events.add(event)
         if self.history.events.is_main:
             log.warning(event.line())
-
-    def spike_settings(self, detector: str) -> SpikeConfig:
-        return getattr(self.settings, detector)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpt.config import ClassificationTaskConfig
+from dpt.config.tasks import ClassificationTaskConfig
 
 TB_FOLDER = "tb"
 WORLD = "world"

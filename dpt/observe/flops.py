@@ -10,11 +10,12 @@ from dataclasses import dataclass
 # Dense peak TFLOP/s per GPU, from the makers' data sheets (SXM parts; no sparsity): the 16-bit
 # tensor cores for bf16-mixed and 16-mixed, TF32 for 32 (PyTorch uses TF32 for float32 matrix
 # products only where allowed: set trainer.peak_tflops where it is not).
-PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "A100": {"bf16-mixed": 312.0, "16-mixed": 312.0, "32": 156.0},
-    "H100": {"bf16-mixed": 989.4, "16-mixed": 989.4, "32": 494.7},
-    "H200": {"bf16-mixed": 989.4, "16-mixed": 989.4, "32": 494.7},
+PEAK_TFLOPS: dict[str, tuple[float, float]] = {  # (16-bit tensor cores, TF32)
+    "A100": (312.0, 156.0),
+    "H100": (989.4, 494.7),
+    "H200": (989.4, 494.7),
 }
+FLOAT32 = "32"  # trainer.precision's full precision (TF32 matrix products); the others: 16-bit
 
 
 def peak_tflops(device_name: str, precision: str, given: float | None) -> float | None:
@@ -22,9 +23,9 @@ def peak_tflops(device_name: str, precision: str, given: float | None) -> float 
     reports, e.g. "NVIDIA H100 80GB HBM3"), else None."""
     if given is not None:
         return given
-    for gpu, peaks in PEAK_TFLOPS.items():
+    for gpu, (half, tf32) in PEAK_TFLOPS.items():
         if gpu in device_name.upper():
-            return peaks.get(precision)
+            return tf32 if precision == FLOAT32 else half
     return None
 
 

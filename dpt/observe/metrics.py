@@ -300,10 +300,6 @@ class MetricsLogger:
         self.lines.release()  # the windows' lines, in one write
         return windows
 
-    def payload_size(self) -> int:
-        """How many floats `payload` sends now: where the monitor's part of a row begins."""
-        return len(SINCE) + len(WINDOW) * len(self._ended)
-
     def event(self, tag: str, value: float, text: str, step: int) -> None:
         """Rank 0: a monitor event on TensorBoard, in the world folder: a point on the detector's
         own curve (`monitor/<detector>`) and a line of the text log (`monitor/events`)."""

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpt.config.tasks import CLASSIFICATION
 from dpt.errors import DptError
 
 DATA_FILE = "data.json"
@@ -29,7 +30,7 @@ class RunData:
     input_shape: list[int]
     val_transform: dict[str, Any] | None  # a `_target_` node; None: the data set gave none
     val_transform_text: str | None  # repr() of the built transform
-    task: str = "classification"  # the task's kind (dpt.config.TASK_KINDS)
+    task: str = CLASSIFICATION  # the task's kind (dpt.config.tasks)
     target_shape: list[int] = field(default_factory=list)  # one target's; [] for a label
     # The model's outputs per sample (a language model's vocabulary, whose tokens `classes`
     # does not list); None: len(classes), as runs before language models wrote it.
@@ -64,7 +65,7 @@ def read_run_data(run_dir: Path) -> RunData:
             input_shape=[int(n) for n in raw["input_shape"]],
             val_transform=raw.get("val_transform"),
             val_transform_text=raw.get("val_transform_text"),
-            task=str(raw.get("task", "classification")),
+            task=str(raw.get("task", CLASSIFICATION)),
             target_shape=[int(n) for n in raw.get("target_shape", [])],
             num_outputs=raw.get("num_outputs"),
             tokenizer=raw.get("tokenizer"),

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dpt.config import BEFORE_TASKS
+from dpt.config.tasks import BEFORE_TASKS
 from dpt.user_code import current_target
 
 # A key matches an entry equal to it, or one ending in "." that it starts with.

@@ -42,13 +42,11 @@ class Logits(Task):
 
 
 class Binary(Logits):
-    kind = "binary"
-
     def metrics(self) -> dict[str, Any]:
         from torchmetrics.classification import BinaryAccuracy, BinaryAUROC, BinaryF1Score
 
-        return {"acc": BinaryAccuracy(threshold=self.threshold), "auroc": BinaryAUROC(),
-                "f1": BinaryF1Score(threshold=self.threshold)}  # fmt: skip
+        return self.named(BinaryAccuracy(threshold=self.threshold), BinaryAUROC(),
+                          BinaryF1Score(threshold=self.threshold))  # fmt: skip
 
     def update(self, metrics: Any, outputs: torch.Tensor, targets: torch.Tensor) -> None:
         probabilities, truth = self.pairs(outputs, targets)

@@ -12,8 +12,6 @@ from dpt.tasks.task import Task
 
 
 class Classification(Task):
-    kind = "classification"
-
     def __init__(self, label_smoothing: float, **common: Any) -> None:
         super().__init__(**common)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
@@ -29,9 +27,9 @@ class Classification(Task):
     def metrics(self) -> dict[str, Any]:
         from torchmetrics.classification import MulticlassAccuracy
 
-        tops = (1, 5) if self.num_outputs >= 5 else (1,)
-        return {f"acc{k}": MulticlassAccuracy(num_classes=self.num_outputs, top_k=k,
-                                              average="micro") for k in tops}  # fmt: skip
+        tops = (1, 5) if self.num_outputs >= 5 else (1,)  # acc1, and acc5 with 5 classes or more
+        return self.named(*(MulticlassAccuracy(num_classes=self.num_outputs, top_k=k,
+                                               average="micro") for k in tops))  # fmt: skip
 
     def predict(self, outputs: torch.Tensor) -> torch.Tensor:
         """Class probabilities, each row summing to 1."""

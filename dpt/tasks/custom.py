@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from dpt.config import build_as
+from dpt.config.build import build_as
 from dpt.errors import DptError, one_line
 from dpt.targets import Targets, batch_shape
 from dpt.tasks.task import Task
@@ -29,8 +29,6 @@ LAYOUT_BATCH = 8
 
 
 class Custom(Task):
-    kind = "custom"
-
     def __init__(self, loss: DictConfig, metrics: DictConfig, predict: str, **common: Any) -> None:
         super().__init__(**common)
         self.loss_name = str(loss.get("_target_"))

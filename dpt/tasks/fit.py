@@ -9,12 +9,9 @@ tried on tensors of the two shapes instead (`dpt.tasks.custom`).
 
 from __future__ import annotations
 
+from dpt.config.tasks import BINARY, CLASSIFICATION, LANGUAGE_MODEL, MULTILABEL, REGRESSION
 from dpt.errors import ConfigError
 from dpt.targets import Targets, batch_shape
-
-CLASSIFICATION, BINARY, MULTILABEL, REGRESSION, LANGUAGE_MODEL, CUSTOM = (
-    "classification", "binary", "multilabel", "regression", "language_model", "custom"
-)  # fmt: skip
 
 
 def num_outputs(task: str, targets: Targets, classes: int | None) -> int:

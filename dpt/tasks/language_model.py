@@ -13,8 +13,6 @@ from dpt.tasks.task import Task
 
 
 class LanguageModel(Task):
-    kind = "language_model"
-
     def __init__(self, **common: Any) -> None:
         super().__init__(**common)
         self.criterion = nn.CrossEntropyLoss()
@@ -35,7 +33,7 @@ class LanguageModel(Task):
     def metrics(self) -> dict[str, Any]:
         from torchmetrics.text import Perplexity
 
-        return {"perplexity": Perplexity()}
+        return self.named(Perplexity())
 
     def predict(self, outputs: torch.Tensor) -> torch.Tensor:
         """The next token's probabilities after each sequence (its last position)."""

@@ -14,18 +14,17 @@ from dpt.tasks.binary import Logits
 
 
 class Multilabel(Logits):
-    kind = "multilabel"
-
     def metrics(self) -> dict[str, Any]:
         from torchmetrics.classification import BinaryF1Score
 
-        return {"map": present_labels_ap()(num_labels=self.num_outputs),
-                "f1": BinaryF1Score(threshold=self.threshold)}  # fmt: skip
+        return self.named(present_labels_ap()(num_labels=self.num_outputs),
+                          BinaryF1Score(threshold=self.threshold))  # fmt: skip
 
     def update(self, metrics: Any, outputs: torch.Tensor, targets: torch.Tensor) -> None:
         probabilities, truth = self.pairs(outputs, targets)
-        metrics["map"].update(probabilities, truth)
-        metrics["f1"].update(probabilities.flatten(), truth.flatten())
+        average_precision, f1 = metrics.values()  # as `metrics` names them
+        average_precision.update(probabilities, truth)
+        f1.update(probabilities.flatten(), truth.flatten())
 
 
 @functools.cache

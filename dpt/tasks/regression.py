@@ -13,8 +13,6 @@ from dpt.tasks.task import Task, compared, float_targets, per_sample
 
 
 class Regression(Task):
-    kind = "regression"
-
     def __init__(self, loss: str, huber_delta: float, **common: Any) -> None:
         super().__init__(**common)
         self.criterion = _loss(loss, huber_delta, "mean")
@@ -29,7 +27,7 @@ class Regression(Task):
     def metrics(self) -> dict[str, Any]:
         from torchmetrics.regression import MeanAbsoluteError, MeanSquaredError, R2Score
 
-        return {"mse": MeanSquaredError(), "mae": MeanAbsoluteError(), "r2": R2Score()}
+        return self.named(MeanSquaredError(), MeanAbsoluteError(), R2Score())
 
     def update(self, metrics: Any, outputs: torch.Tensor, targets: torch.Tensor) -> None:
         # (B, n) rows, or (B,) for one output: R² per output, then their mean.

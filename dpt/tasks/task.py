@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from dpt.config import SCHEMAS, build_as
+from dpt.config.build import build_as
+from dpt.config.tasks import LOSS, CustomTaskConfig, TaskFacts, higher_is_better, schema_of_target
 from dpt.errors import DptError
 from dpt.targets import Targets
 from dpt.tasks import fit
@@ -22,13 +23,23 @@ class Task:
     are: `targets`, `num_outputs` (the model's outputs per sample) and `names` (of the classes
     or outputs, for `dpt-predict`). Its loss modules move with `to(device)`."""
 
-    kind: ClassVar[str] = "custom"
-
     def __init__(
         self, *, targets: Targets, num_outputs: int, names: list[str], watch: str, mode: str
     ) -> None:
         self.targets, self.num_outputs, self.names = targets, int(num_outputs), list(names)
         self.watch, self.mode = watch, mode
+
+    @classmethod
+    def schema(cls) -> type[TaskFacts]:
+        """The schema that declares this task's facts (its kind, its metrics and their
+        direction): the built-in one whose `_target_` is this class or the built-in class it
+        extends; a class of yours of its own counts as task=custom."""
+        paths = (f"{klass.__module__}.{klass.__qualname__}" for klass in cls.__mro__)
+        return next(filter(None, map(schema_of_target, paths)), CustomTaskConfig)
+
+    @property
+    def kind(self) -> str:
+        return self.schema().kind
 
     def check(self, output: tuple[int, ...] | None) -> None:
         """One line where this task cannot train a model whose output per sample is `output`
@@ -36,14 +47,10 @@ class Task:
         fit.check(self.kind, self.targets, output, self.num_outputs)
 
     def higher_is_better(self, metric: str) -> bool:
-        """Which way `metric` (val/<name>) improves: the loss down, the task's scores up (its
-        schema's `higher`), and the watched metric as `task.mode` says."""
-        name = metric.removeprefix("val/")
-        if name == "loss":
-            return False
-        if metric == self.watch:
-            return self.mode == "max"
-        return name in getattr(SCHEMAS["task"].get(self.kind), "higher", (name,))
+        """Which way `metric` (val/<name>) improves, as its schema says (dpt.config.tasks); a
+        metric it cannot say of is a score, better higher."""
+        found = higher_is_better(self.schema(), metric, self.watch, self.mode)
+        return True if found is None else found
 
     def to(self, device: torch.device) -> Task:
         for value in vars(self).values():
@@ -63,6 +70,14 @@ class Task:
     def metrics(self) -> dict[str, Any]:
         """Fresh torchmetrics objects, by name (reported as val/<name>)."""
         return {}
+
+    def named(self, *metrics: Any) -> dict[str, Any]:
+        """`metrics` by the names the task's schema reports (after the loss), in its order (a
+        trailing one may be left out: classification's acc5 below 5 classes)."""
+        names = [name for name in self.schema().reports if name != LOSS]
+        if len(metrics) > len(names):
+            raise ValueError(f"{type(self).__name__} reports {names}: {len(metrics)} metrics")
+        return dict(zip(names, metrics, strict=False))
 
     def update(
         self, metrics: Mapping[str, Any], outputs: torch.Tensor, targets: torch.Tensor

@@ -1,9 +1,9 @@
 """The config reference (docs/reference/config.md): every config group, option and key, with its
-type (from the schema in dpt/config.py), its default (the option composed as `dpt` composes it)
+type (from the schemas in dpt/config/), its default (the option composed as `dpt` composes it)
 and what it does (the comment the key carries in the option's YAML, else in the schema).
 
-    python -m dpt.launch.reference --out docs/reference/config.md   # write it anew
-    python -m dpt.launch.reference --check docs/reference/config.md  # exit 1 if it is not current
+    python scripts/config_reference.py --out docs/reference/config.md    # write it anew
+    python scripts/config_reference.py --check docs/reference/config.md  # exit 1: not current
 
 `dpt --help` is the short form: the same groups and options, its main keys and the composed
 default config. A key without a comment in either place is an error here, not a blank cell.
@@ -27,10 +27,11 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dpt import config
+import dpt.conf
+from dpt.config.store import SCHEMAS, Config
 
-CONF = Path(config.__file__).parent / "conf"
-# Sections of the config that are no group: always there, typed by `config.Config`'s fields.
+CONF = Path(dpt.conf.__file__).parent
+# Sections of the config that are no group: always there, typed by `Config`'s fields.
 ALWAYS = ("trainer", "checkpoint", "monitor", "sweep")
 # Keys Hydra reads, not the target: the same meaning wherever they appear.
 HYDRA_KEYS = {
@@ -217,7 +218,7 @@ def default_choices() -> dict[str, str]:
 
 def always_sections() -> list[Section]:
     values = _composed()
-    hints = typing.get_type_hints(config.Config)
+    hints = typing.get_type_hints(Config)
     return [
         _section(name, hints[name], name, values[name], _schema_about(hints[name]), {})
         for name in ALWAYS
@@ -232,7 +233,7 @@ def _schema_about(cls: type) -> str:
 def group_sections(group: str) -> list[Section]:
     chosen = default_choices().get(group)
     sections = []
-    for option, schema in sorted(config.SCHEMAS[group].items()):
+    for option, schema in sorted(SCHEMAS[group].items()):
         path = CONF / group / f"{option}.yaml"
         text = path.read_text()
         header, comments = _yaml_comments(text)
@@ -305,13 +306,13 @@ HEADER = """\
 # Config reference
 
 Every key of every config group, as `dpt` composes it: its type (the schema in
-`dpt/config.py`), its default (the option's YAML in `dpt/conf/<group>/<option>.yaml`) and what it
+`dpt/config/`), its default (the option's YAML in `dpt/conf/<group>/<option>.yaml`) and what it
 does (the comment the key carries there). Override any key with `key=value`, choose an option
 with `group=option`; `dpt --help` lists the groups and the main keys, `dpt --cfg job ...` prints
 the composed config. A wrong key, type or option is one line before anything starts
 ([errors](../errors.md)).
 
-This page is generated (`python -m dpt.launch.reference --out docs/reference/config.md`), and
+This page is generated (`python scripts/config_reference.py --out docs/reference/config.md`), and
 `tests/test_config_reference.py` fails when it is not what the schemas say. Options of your own
 (`--config-dir DIR`, [your own model and data](../guides/own-model-and-data.md)) have no schema:
 their keys are your constructor's.
@@ -349,7 +350,7 @@ def page() -> str:
     lines += ["## Always present", ""]
     for section in always_sections():
         lines += _section_lines(section, "###")
-    for group in config.SCHEMAS:
+    for group in SCHEMAS:
         sections = group_sections(group)
         options = ", ".join(f"`{s.title.split('=')[1]}`" for s in sections)
         lines += [f"## `{group}`", "", f"Options: {options}.", ""]
@@ -375,8 +376,8 @@ def page() -> str:
 
 def schema_keys(schemas: dict[str, dict[str, type]] | None = None) -> set[tuple[str, str]]:
     """(section title, key) of every key the schemas have: the reference must list exactly these."""
-    schemas = config.SCHEMAS if schemas is None else schemas
-    hints = typing.get_type_hints(config.Config)
+    schemas = SCHEMAS if schemas is None else schemas
+    hints = typing.get_type_hints(Config)
     found = {(name, f"{name}.{k}") for name in ALWAYS for k, _, _ in _fields(hints[name], "")}
     for group, options in schemas.items():
         for option, schema in options.items():
@@ -412,7 +413,7 @@ def differences(text: str, schemas: dict[str, dict[str, type]] | None = None) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m dpt.launch.reference",
+        prog="python scripts/config_reference.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -422,8 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     text = page()
     if args.check:
         if args.check.read_text() != text:
-            print(f"{args.check} is not current: python -m dpt.launch.reference --out {args.check}",
-                  file=sys.stderr)  # fmt: skip
+            print(f"{args.check} is not current: python scripts/config_reference.py --out "
+                  f"{args.check}", file=sys.stderr)  # fmt: skip
             return 1
         return 0
     if args.out:

@@ -17,8 +17,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from dpt.config import AUTO_OBJECTIVE as AUTO
-from dpt.config import TRAIN_LOSS, ClassificationTaskConfig, higher_is_better
+from dpt.config.datasets import no_validation
+from dpt.config.tasks import ClassificationTaskConfig, higher_is_better, task_higher_is_better
+from dpt.config.trainer import AUTO_OBJECTIVE, TRAIN_LOSS
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def resolve(
 ) -> Objective:
     """`sweep.objective` made definite: `auto` is the watched metric, or train/loss. `higher`
     says which way a validation metric improves (the task's; classification's by default)."""
-    if name == AUTO:
+    if name == AUTO_OBJECTIVE:
         if not has_validation:
             return Objective(TRAIN_LOSS, "minimize")
         return Objective(watched, "maximize" if mode == "max" else "minimize")
@@ -61,13 +62,11 @@ def resolve(
 
 
 def _classification_higher(metric: str) -> bool:
-    return metric.removeprefix("val/") in ClassificationTaskConfig.higher
+    return bool(higher_is_better(ClassificationTaskConfig, metric, None, None))
 
 
 def of_config(cfg: DictConfig) -> Objective:
     """The objective a composed config's runs report (before any of them runs)."""
-    from dpt.launch.validate import no_validation
-
     es = cfg.trainer.early_stopping
     has_validation = no_validation(cfg.dataset) is None
     return resolve(cfg.sweep.objective, es.metric, es.mode, has_validation,
@@ -77,7 +76,7 @@ def of_config(cfg: DictConfig) -> Objective:
 def metric_higher(task: DictConfig, metric: str) -> bool:
     """Which way a metric of the composed `task` improves; a custom metric's class is asked
     (imported) where the config cannot say."""
-    found = higher_is_better(task, metric)
+    found = task_higher_is_better(task, metric)
     if found is not None:
         return found
     from dpt.tasks.custom import metric_direction
