@@ -90,12 +90,16 @@ def val_transform_node(data: DataModule) -> dict[str, Any] | None:
 
 
 def model_kwargs(
-    target: Callable[..., Any], input_shape: Sequence[int], num_outputs: int
+    target: Callable[..., Any],
+    input_shape: Sequence[int],
+    num_outputs: int,
+    task: str | None = None,
 ) -> dict[str, Any]:
-    """The keywords dpt adds to a model target's own: those of `num_classes`, `num_outputs` and
-    `input_shape` its signature names; `num_classes` and `input_shape` for `**kwargs`."""
+    """The keywords dpt adds to a model target's own: those of `num_classes`, `num_outputs`,
+    `input_shape` and `task` (the task's kind, where known) its signature names; `num_classes`
+    and `input_shape` for `**kwargs`."""
     offered = {"num_classes": num_outputs, "num_outputs": num_outputs,
-               "input_shape": tuple(input_shape)}  # fmt: skip
+               "input_shape": tuple(input_shape), "task": task}  # fmt: skip
     named = _named(target)
     if named is None:  # **kwargs
         return {k: offered[k] for k in ("num_classes", "input_shape")}

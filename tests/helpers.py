@@ -449,7 +449,14 @@ def run_docs_block(tag: str, root: Path) -> tuple[Path, dict[str, Result]]:
     (root / "scripts").symlink_to(REPO / "scripts")
     programs = {"python": [sys.executable]} | {
         name: [str(BIN / name)]
-        for name in ("dpt", "dpt-predict", "dpt-generate", "dpt-tokenizer", "dpt-shards")
+        for name in (
+            "dpt",
+            "dpt-predict",
+            "dpt-generate",
+            "dpt-tokenizer",
+            "dpt-shards",
+            "dpt-export",
+        )
     }
     cwd, results = root, {}
     for command in docs_block(tag):

@@ -73,6 +73,7 @@ TAGGED = {
     "own-model": "tests/test_own_model.py",
     "tasks": "tests/test_task_readme.py",
     "lm": "tests/test_task_readme.py",
+    "hf": "tests/test_hf_models.py",
     "pipeline": "tests/test_pipeline_runs.py",
 }
 PROGRAMS = {

@@ -264,7 +264,7 @@ def build_run_model(model_cfg: Any, data: RunData) -> nn.Module:
     from dpt.models import build_model
 
     try:
-        return build_model(model_cfg, tuple(data.input_shape), data.num_classes)
+        return build_model(model_cfg, tuple(data.input_shape), data.num_classes, task=data.task)
     except (HydraException, OmegaConfBaseException) as error:
         raise DptError(f"cannot build the run's model: {one_line(error)}") from error
 

@@ -10,6 +10,10 @@ from omegaconf import MISSING
 from dpt.config.checks import one_of
 
 RESNET_ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101")  # model.arch of model=resnet*
+# Every model's key for its initial weights: loaded by dpt (dpt.loop.parts.initial_weights),
+# not passed to `_target_`.
+INIT_KEY = "init_from"
+GELU_APPROXIMATIONS = ("none", "tanh")  # model.gelu of model=gpt: F.gelu's `approximate`
 
 
 @dataclass
@@ -17,6 +21,9 @@ class MLPConfig:
     _target_: str = "dpt.models.mlp.MLP"
     hidden_dims: list[int] = MISSING
     # Recompute each block's activations in backward (not passed to `_target_`: see build_model).
+    # Weights to start from (a run folder, a .pt, a checkpoint, safetensors, a transformers
+    # folder): loaded by dpt, not passed to `_target_` (dpt.loop.parts.initial_weights).
+    init_from: str | None = MISSING
     activation_checkpointing: bool = MISSING
 
 
@@ -26,6 +33,9 @@ class ResNetConfig:
     arch: str = one_of(RESNET_ARCHS)
     weights: str | None = MISSING  # a local state_dict file; nothing is ever downloaded
     channels_last: bool = MISSING
+    # Weights to start from (a run folder, a .pt, a checkpoint, safetensors, a transformers
+    # folder): loaded by dpt, not passed to `_target_` (dpt.loop.parts.initial_weights).
+    init_from: str | None = MISSING
     activation_checkpointing: bool = MISSING
 
 
@@ -40,7 +50,11 @@ class GPTConfig:
     n_embd: int = MISSING
     dropout: float = MISSING
     bias: bool = MISSING  # biases in the linear layers and LayerNorms
+    gelu: str = one_of(GELU_APPROXIMATIONS)  # tanh: GPT-2's gelu_new (its weights need it)
     vocab_size: int | None = MISSING  # null: the data's; larger pads the embedding (e.g. to 64s)
+    # Weights to start from (a run folder, a .pt, a checkpoint, safetensors, a transformers
+    # folder): loaded by dpt, not passed to `_target_` (dpt.loop.parts.initial_weights).
+    init_from: str | None = MISSING
     activation_checkpointing: bool = MISSING
 
 
@@ -53,6 +67,22 @@ class TorchvisionModelConfig:
     weights: str | None = MISSING  # a local state_dict file; nothing is ever downloaded
     channels_last: bool = MISSING
     options: dict[str, Any] = MISSING  # more keyword arguments of the builder, e.g. {dropout: 0.3}
+    # Weights to start from (a run folder, a .pt, a checkpoint, safetensors, a transformers
+    # folder): loaded by dpt, not passed to `_target_` (dpt.loop.parts.initial_weights).
+    init_from: str | None = MISSING
+    activation_checkpointing: bool = MISSING
+
+
+@dataclass
+class HFModelConfig:
+    """A Hugging Face transformers model from a local folder or a config (dpt/models/hf.py)."""
+
+    _target_: str = "dpt.models.hf.pretrained"
+    path: str | None = MISSING  # a folder written by save_pretrained; nothing is downloaded
+    config: dict[str, Any] | None = MISSING  # no folder: transformers config keys, model_type
+    block_size: int = MISSING  # the longest sequence; dataset=text's windows read it
+    trust_remote_code: bool = MISSING  # run the folder's own code (config.json's auto_map)
+    init_from: str | None = MISSING
     activation_checkpointing: bool = MISSING
 
 
@@ -62,4 +92,5 @@ MODELS: dict[str, type] = {
     "resnet50": ResNetConfig,
     "torchvision": TorchvisionModelConfig,
     "gpt": GPTConfig,
+    "hf": HFModelConfig,
 }

@@ -112,11 +112,16 @@ class FileTokenizer(Tokenizer):
 
 
 def load_tokenizer(spec: str | None, named: str = KEY) -> Tokenizer:
-    """`dataset.tokenizer`: `bytes` (or null), or the path of a tokenizers JSON file. `named`:
-    how errors name it, a format string (`--tokenizer {}` in a command)."""
+    """`dataset.tokenizer`: `bytes` (or null), the path of a tokenizers JSON file, or a model
+    folder holding one (transformers' `tokenizer.json`). `named`: how errors name it, a format
+    string (`--tokenizer {}` in a command)."""
     if spec in (None, BYTES):
         return ByteTokenizer()
     path = Path(spec)
+    if path.is_dir():
+        if not (path / RUN_FILE).is_file():
+            raise DptError(f"{named.format(spec)}: a folder without {RUN_FILE}")
+        path = path / RUN_FILE
     if not path.is_file():
         raise DptError(f"{named.format(spec)}: file not found (or `bytes`)")
     return FileTokenizer(path, named)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from dpt.config.datasets import ShardsConfig, TextConfig, declared_targets
+from dpt.config.models import INIT_KEY, HFModelConfig
 from dpt.config.strategies import PipelineConfig
 from dpt.config.tasks import CUSTOM, task_kind
 from dpt.launch.validate import is_own_model
@@ -34,6 +35,8 @@ def needs_building(cfg: DictConfig) -> bool:
         or declared_targets(cfg.dataset) is None
         or not is_own_model(cfg.model)
         or schema is TextConfig  # its tokens, cached for the ranks; the model's vocabulary
+        or OmegaConf.get_type(cfg.model) is HFModelConfig  # its folder, its Auto class
+        or cfg.model.get(INIT_KEY) is not None  # do its initial weights fit it?
     )
 
 

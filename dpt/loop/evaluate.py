@@ -83,8 +83,8 @@ def evaluate(
     to_device: Callable[[torch.Tensor], torch.Tensor],
     lockstep: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """World-wide loss and the task's metrics; all ranks must call it. `lockstep` (an empty batch
-    of the data's inputs; fsdp, whose every forward is a collective): every rank runs as many
+    """World-wide loss and the task's metrics; all ranks must call it. `lockstep` (one input of
+    zeros; fsdp, whose every forward is a collective): every rank runs as many
     forwards as the rank with the most batches, the missing ones on that empty batch."""
     import torchmetrics  # here: a run without validation never pays for the import
 
@@ -103,25 +103,35 @@ def evaluate(
     padding = _missing_forwards(len(loader), env) if lockstep is not None else 0
     for inputs, targets, skipped in loader:
         missing.update(torch.tensor(float(getattr(skipped, "missing", 0))))
-        if not len(targets) and lockstep is None:  # all unreadable (the loader counted them)
+        if not len(targets):  # all unreadable (the loader counted them)
+            if lockstep is not None:  # fsdp: the forward is a collective all the same
+                _forward_in_step(model, lockstep, autocast, to_device)
             continue
         inputs = to_device(inputs)
         targets = targets.to(env.device, non_blocking=inputs.is_cuda)
         with autocast():
             outputs = model(inputs).float()
-        if not len(targets):
-            continue
         losses = task.sample_losses(outputs, targets)
         # One per sample, or the batch's mean (a custom loss), counted once per sample.
         collection["loss"].update(losses, weight=1.0 if losses.dim() else float(len(targets)))
         collection["samples"].update(torch.tensor(float(len(targets))))
         task.update(own, outputs, targets)
     for _ in range(padding):
-        with autocast():
-            model(to_device(lockstep))
+        _forward_in_step(model, lockstep, autocast, to_device)
     model.train(was_training)
     # compute() all-gathers the metric states from every rank (sums: uneven shards are fine).
     return {f"val/{k}": float(v) for k, v in collection.compute().items()}
+
+
+def _forward_in_step(
+    model: nn.Module,
+    lockstep: torch.Tensor,
+    autocast: Callable[[], AbstractContextManager[Any]],
+    to_device: Callable[[torch.Tensor], torch.Tensor],
+) -> None:
+    """A forward whose output is not used: it keeps this rank's collectives in step."""
+    with autocast():
+        model(to_device(lockstep))
 
 
 def _missing_forwards(batches: int, env: DistEnv) -> int:

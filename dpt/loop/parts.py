@@ -4,6 +4,7 @@ validation, early stopping). The trainer receives them built; defaults live in `
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from dpt.config.build import build, build_as
+from dpt.config.models import INIT_KEY, HFModelConfig
 from dpt.config.monitor import MonitorConfig
 from dpt.config.tasks import CLASSIFICATION, LANGUAGE_MODEL, task_kind
 from dpt.config.trainer import CheckpointConfig, TrainerConfig
@@ -30,8 +32,9 @@ from dpt.loop.early_stopping import EarlyStopping
 from dpt.loop.evaluate import Validation
 from dpt.loop.precision import Precision
 from dpt.loop.strategy import Strategy
-from dpt.models import build_model
+from dpt.models import build_model, token_flops
 from dpt.models.meta import output_shape
+from dpt.models.weights import fit_state, fitting
 from dpt.monitor.grad_diagnostics import GradDiagnostics
 from dpt.monitor.monitor import Monitor
 from dpt.observe.dashboard import TbPlace, one_run
@@ -42,11 +45,14 @@ from dpt.observe.metrics import MetricsLogger
 from dpt.seeding import seed_everything
 from dpt.state.best_model import BestModel
 from dpt.state.checkpoint import Checkpoints
+from dpt.state.model_state import read_model_state
 from dpt.state.results import RunData
+from dpt.state.sharded_load import load_shards, materialize, safetensors_folder, stored_shapes
 from dpt.tasks import fit
 from dpt.tasks.task import Task, build_task
 
 T = TypeVar("T")
+HF_TARGET = HFModelConfig._target_
 once = logging.getLogger(ONCE_LOGGER_NAME)  # what every rank says alike: rank 0 says it
 
 
@@ -124,10 +130,16 @@ def build_parts(
     loaders = build_loaders(data, strategy.data_env(env), t.batch_size, t.seed, worker_init,
                             shuffle, task.targets, val_env=env)  # fmt: skip
     torch.manual_seed(t.seed)  # identical initial weights on every rank, every strategy
-    model = build_model(groups.model, data.input_shape, task.num_outputs, compiled=t.compile)
+    shards_from = sharded_source(groups.model, strategy, env)  # no whole copy on any rank
+    with torch.device("meta") if shards_from else contextlib.nullcontext():
+        model = build_model(groups.model, data.input_shape, task.num_outputs, t.compile, task.kind)
+    if shards_from is None:
+        initial_weights(groups.model, model, task.num_outputs)
     task.check(output_shape(model, data.input_shape, input_dtype(data)))  # before any step
     throughput = token_throughput(task, model, t, env)
-    model = strategy.wrap(model.to(env.device), env, t.precision)
+    model = strategy.wrap(model if shards_from else model.to(env.device), env, t.precision)
+    if shards_from is not None:
+        load_sharded(model, shards_from, env.device, task.num_outputs)
     if t.compile:
         model = torch.compile(model)
     optimizer = build(groups.optimizer)(model.parameters())
@@ -196,22 +208,59 @@ def build_data_task(node: DictConfig, data: DataModule) -> Task:
 def probe_fit(groups: DictConfig, seed: int) -> None:
     """The check `build_parts` makes of the task, made beforehand (dpt.launch.preflight): the
     data set built as a rank builds it, the model on the meta device. Only the task's refusals
-    and the data set's own one-line errors are raised: whatever else fails here (a model that
-    cannot be built) is left to the rank, which says it as always."""
+    and the data set's and the model's own one-line errors are raised: whatever else fails here
+    (a model that cannot be built) is left to the rank, which says it as always."""
     seed_everything(seed)
     data, _ = build_data(groups.dataset, seed)
     task = build_data_task(groups.task, data)
     model = _meta_model(groups.model, data, task)
     task.check(None if model is None else output_shape(model, data.input_shape, input_dtype(data)))
+    if model is not None:  # do the initial weights fit it (shapes only)?
+        initial_weights(groups.model, model, task.num_outputs, load=False)
     if model is not None and "strategy" in groups:  # does it cut into its stages (pipeline)?
         build(groups.strategy).check(model)
+
+
+def initial_weights(
+    node: DictConfig, model: nn.Module, num_outputs: int, load: bool = True
+) -> None:
+    """The model's weights from `model.init_from` where set (a run folder, a checkpoint, a
+    weights file or a transformers folder); `load=False`: only whether they fit."""
+    source = node.get(INIT_KEY)
+    if source is None:
+        return
+    key = f"model.{INIT_KEY}={source}"
+    state = read_model_state(Path(source), key)
+    if load:
+        fit_state(model, state, key, num_outputs)
+    else:
+        fitting(model, state, key, num_outputs)
+
+
+def sharded_source(node: DictConfig, strategy: Strategy, env: DistEnv) -> Path | None:
+    """The transformers folder whose safetensors each rank reads only its shards of: a
+    transformers model's weights (`model.init_from`, else `model.path`), under a strategy that
+    shards parameters on more than one rank. None: the whole model is built on every rank."""
+    if not (strategy.builds_on_meta and env.distributed) or node.get("_target_") != HF_TARGET:
+        return None
+    return safetensors_folder(node.get(INIT_KEY) or node.get("path"))
+
+
+def load_sharded(model: nn.Module, folder: Path, device: torch.device, num_outputs: int) -> None:
+    """The meta model, sharded, materialized and loaded slice by slice: what fits of the folder
+    (a head of another size keeps its fresh initialisation)."""
+    usable = fitting(model, stored_shapes(folder), f"model weights in {folder}", num_outputs)
+    materialize(model, device)
+    load_shards(model, folder, set(usable))
 
 
 def _meta_model(node: DictConfig, data: DataModule, task: Task) -> nn.Module | None:
     """The model built on the meta device; None where it cannot be built there."""
     try:
         with torch.device("meta"):
-            return build_model(node, data.input_shape, task.num_outputs)
+            return build_model(node, data.input_shape, task.num_outputs, task=task.kind)
+    except DptError:  # dpt's own one line (a model folder that is not one): said now
+        raise
     except Exception:  # the rank builds it again, and reports what fails in its one line
         return None
 
@@ -231,7 +280,7 @@ def token_throughput(
     tokens = getattr(task, "tokens_per_sample", None)
     if tokens is None:
         return None
-    count = getattr(model, "flops_per_token", None)
+    count = token_flops(model)
     name = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else ""
     peak = peak_tflops(name, settings.precision, settings.peak_tflops)
     return Throughput(tokens, count(tokens) if count else None, peak * 1e12 if peak else None)
@@ -287,11 +336,12 @@ def run_length(settings: TrainerConfig, total_steps: int, per_epoch: int) -> str
 
 
 def _lockstep_input(strategy: Strategy, env: DistEnv, data: DataModule) -> torch.Tensor | None:
-    """An empty batch of the data's inputs, where validation must keep the ranks' forwards in
-    step (fsdp): what a rank with fewer batches runs its missing forwards on."""
+    """One input of zeros, where validation must keep the ranks' forwards in step (fsdp): what a
+    rank with fewer batches runs its missing forwards on (one, not none: not every model's
+    forward takes an empty batch, transformers' attention does not)."""
     if not (strategy.lockstep_forward and env.distributed):
         return None
-    return torch.empty((0, *data.input_shape), dtype=input_dtype(data))
+    return torch.zeros((1, *data.input_shape), dtype=input_dtype(data))
 
 
 def _rank_scalars(memory: MemoryUse, strategy: Strategy) -> Callable[[], dict[str, float]]:

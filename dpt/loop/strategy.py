@@ -59,6 +59,9 @@ class Strategy:
     lockstep_forward: ClassVar[bool] = False
     # Each rank holds only its shards of the gradients (fsdp): a norm of its own is partial.
     shards_gradients: ClassVar[bool] = False
+    # It shards a model built on the meta device, each rank then allocating only its shards
+    # (fsdp): a transformers folder's weights are read slice by slice (dpt.state.sharded_load).
+    builds_on_meta: ClassVar[bool] = False
 
     # How many ranks train each sample (a pipeline's stages): world sums count it once.
     copies: int = 1
@@ -165,6 +168,7 @@ class FSDP(Strategy):
     name = "fsdp"
     lockstep_forward = True
     shards_gradients = True
+    builds_on_meta = True
 
     def __init__(
         self, cpu_offload: bool, reduce_dtype: str, sync_batchnorm: bool, **wrapper: Any

@@ -6,12 +6,15 @@ May import: base.
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from dpt.config.build import build_as
+from dpt.config.models import INIT_KEY
 from dpt.contract import model_kwargs
 from dpt.errors import DptError
 from dpt.user_code import locate
@@ -21,17 +24,22 @@ RECOMPUTE_KEY = "activation_checkpointing"
 
 
 def build_model(
-    cfg: DictConfig, input_shape: tuple[int, ...], num_outputs: int, compiled: bool = False
+    cfg: DictConfig,
+    input_shape: tuple[int, ...],
+    num_outputs: int,
+    compiled: bool = False,
+    task: str | None = None,
 ) -> nn.Module:
     """The model as dpt.contract says: the config's keys, and those of `num_classes`,
-    `num_outputs` (both: the outputs per sample the task needs) and `input_shape` that the
-    target's signature names. `compiled`: it will run under torch.compile."""
-    recompute = bool(cfg.get(RECOMPUTE_KEY, False))
-    target = OmegaConf.create(
-        {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != RECOMPUTE_KEY}
-    )
+    `num_outputs` (both: the outputs per sample the task needs), `input_shape` and `task` (its
+    kind) that the target's signature names, with fresh weights. `compiled`: it will run under
+    torch.compile."""
+    values = OmegaConf.to_container(cfg, resolve=True)
+    recompute = bool(values.pop(RECOMPUTE_KEY, False))
+    values.pop(INIT_KEY, None)  # the loop loads them: dpt.loop.parts.initial_weights
+    target = OmegaConf.create(values)
     factory = locate(target._target_, "model._target_")
-    model = build_as(target, "model", **model_kwargs(factory, input_shape, num_outputs))
+    model = build_as(target, "model", **model_kwargs(factory, input_shape, num_outputs, task))
     if not isinstance(model, nn.Module):
         raise DptError(
             f"model._target_={target._target_} built a {type(model).__name__}, "
@@ -42,6 +50,16 @@ def build_model(
 
         recompute_in_backward(model, compiled)
     return model
+
+
+def token_flops(model: nn.Module) -> Callable[[int], float] | None:
+    """The model's training FLOPs per token of a sequence of so many tokens, where dpt counts
+    them: its own `flops_per_token` (dpt's GPT), or a transformers model's from its config."""
+    from dpt.models import hf
+
+    if hf.is_transformers_model(model):
+        return functools.partial(hf.flops_per_token, model)
+    return getattr(model, "flops_per_token", None)
 
 
 def _compiled_module_type() -> type | tuple[()]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from torch import nn
 
 from dpt.errors import DptError
 from dpt.models.gpt import GPT
+from dpt.models.hf import block_class_names, is_transformers_model
 from dpt.models.mlp import MLP
 
 RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
@@ -57,22 +58,22 @@ def _blocks(model: nn.Module) -> list[nn.Module | None]:
         return list(model.h)  # as the model holds them (wrapped, once recomputed)
     if _is_resnet(model):
         return [block for stage in RESNET_STAGES for block in getattr(model, stage)]
-    return list(_torchvision_blocks(model))
+    if is_transformers_model(model):
+        names = block_class_names(model)
+        return list(_outermost(model, lambda c: c.__name__ in names))
+    return list(_outermost(model, lambda c: (c.__module__, c.__name__) in TORCHVISION_BLOCKS))
 
 
-def _torchvision_blocks(module: nn.Module) -> Iterator[nn.Module]:
-    """The outermost known blocks under `module`, each as the model holds it (inside
-    activation checkpointing's wrapper: the wrapper)."""
+def _outermost(module: nn.Module, is_block: Callable[[type], bool]) -> Iterator[nn.Module]:
+    """The outermost blocks under `module` (a class or one of its bases `is_block`), each as
+    the model holds it (inside activation checkpointing's wrapper: the wrapper). The bases
+    too: FSDP2 subclasses a module's class when it shards it."""
     for child in module.children():
-        if _is_torchvision_block(getattr(child, "_checkpoint_wrapped_module", child)):
+        inner = getattr(child, "_checkpoint_wrapped_module", child)
+        if any(is_block(c) for c in type(inner).__mro__):
             yield child
         else:
-            yield from _torchvision_blocks(child)
-
-
-def _is_torchvision_block(module: nn.Module) -> bool:
-    # The class's bases too: FSDP2 subclasses a module's class when it shards it.
-    return any((c.__module__, c.__name__) in TORCHVISION_BLOCKS for c in type(module).__mro__)
+            yield from _outermost(child, is_block)
 
 
 def _is_resnet(model: nn.Module) -> bool:
@@ -91,8 +92,9 @@ def recompute_in_backward(model: nn.Module, compiled: bool = False) -> None:
     if not targets:
         raise DptError(
             f"model.activation_checkpointing=true: dpt knows no blocks of {type(model).__name__} "
-            "(it knows the MLP's layers, the ResNets' residual blocks and the blocks of "
-            "torchvision's MobileNets, EfficientNets, ConvNeXts, RegNets, MNASNets, Swins and ViTs)"
+            "(it knows the MLP's layers, the ResNets' residual blocks, the blocks of torchvision's "
+            "MobileNets, EfficientNets, ConvNeXts, RegNets, MNASNets, Swins and ViTs, and a "
+            "transformers model's _no_split_modules)"
         )
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing,

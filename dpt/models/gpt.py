@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dpt.config.models import GELU_APPROXIMATIONS
 from dpt.errors import DptError
 
 
@@ -43,25 +44,30 @@ class SelfAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, n_embd: int, dropout: float, bias: bool) -> None:
+    """fc, GELU (`gelu`: F.gelu's `approximate`, `"tanh"` for GPT-2's gelu_new), proj."""
+
+    def __init__(self, n_embd: int, dropout: float, bias: bool, gelu: str = "none") -> None:
         super().__init__()
+        self.gelu = gelu
         self.fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
         self.proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+        return self.dropout(self.proj(F.gelu(self.fc(x), approximate=self.gelu)))
 
 
 class Block(nn.Module):
     """x + attention(norm(x)), then x + MLP(norm(x))."""
 
-    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
+    def __init__(
+        self, n_embd: int, n_head: int, dropout: float, bias: bool, gelu: str = "none"
+    ) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
         self.attn = SelfAttention(n_embd, n_head, dropout, bias)
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
-        self.mlp = FeedForward(n_embd, dropout, bias)
+        self.mlp = FeedForward(n_embd, dropout, bias, gelu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -81,18 +87,26 @@ class GPT(nn.Module):
         dropout: float,
         bias: bool,
         vocab_size: int | None = None,
+        gelu: str = "none",
     ) -> None:
         """`num_outputs`: the data's vocabulary; `vocab_size`, where given, the embedding's rows
-        (more pads it, e.g. GPT-2's 50257 to 50304, a multiple of 64 that kernels like)."""
+        (more pads it, e.g. GPT-2's 50257 to 50304, a multiple of 64 that kernels like).
+        `gelu`: the MLP's GELU, exact (`"none"`) or tanh-approximated (`"tanh"`, GPT-2's own,
+        which loading GPT-2's weights needs: dpt/models/gpt2_weights.py)."""
         super().__init__()
         if n_embd % n_head:
             raise DptError(f"model.n_embd={n_embd}: must be a multiple of model.n_head={n_head}")
+        if gelu not in GELU_APPROXIMATIONS:
+            allowed = ", ".join(repr(name) for name in GELU_APPROXIMATIONS)
+            raise DptError(f"model.gelu={gelu!r}: one of {allowed}")
         self.vocab_size, self.block_size = vocab_size or num_outputs, block_size
         self.n_layer, self.n_head, self.n_embd = n_layer, n_head, n_embd
+        # Kept to write the model back as GPT-2 (its config names them): gpt2_weights.to_gpt2.
+        self.dropout_p, self.gelu = dropout, gelu
         self.wte = nn.Embedding(self.vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
-        self.h = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
+        self.h = nn.ModuleList(Block(n_embd, n_head, dropout, bias, gelu) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd, bias=bias)
         self.lm_head = nn.Linear(n_embd, self.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one matrix embeds and reads out tokens

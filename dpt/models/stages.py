@@ -11,6 +11,7 @@ checkpoints of any number of stages are the same keys, and load at any other num
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import sys
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from dpt.errors import DptError
+from dpt.models import hf
 from dpt.models.gpt import GPT
 
 
@@ -41,10 +43,12 @@ def units(model: nn.Module) -> list[Unit]:
         return [Unit(name, (name,), _child(name)) for name, _ in model.named_children()]
     if _is_resnet(model):
         return _resnet_units(model)
+    if hf.is_transformers_model(model) and hf.is_llama_shaped(model):
+        return _llama_units(model)
     raise DptError(
         f"strategy=pipeline: dpt does not know where to cut {type(model).__name__} into stages "
-        "(it cuts the GPT between blocks, the ResNets between residual blocks and any "
-        "nn.Sequential between its children)"
+        "(it cuts the GPT between blocks, the ResNets between residual blocks, Llama-shaped "
+        "transformers models between decoder layers and any nn.Sequential between its children)"
     )
 
 
@@ -58,6 +62,20 @@ def _gpt_units(model: GPT) -> list[Unit]:
         Unit("embed", ("wte", "wpe", "drop"), lambda m, x: m.embed(x)),
         *blocks,
         Unit("head", ("ln_f", "lm_head"), lambda m, x: m.head(x)),
+    ]
+
+
+def _llama_units(model: nn.Module) -> list[Unit]:
+    """A transformers causal LM of Llama's shape: its embedding, each decoder layer (with the
+    rotary embedding, which holds no parameters, so that every stage computes its positions)
+    and its norm with the head."""
+    layers = [Unit(f"model.layers.{i}", (f"model.layers.{i}", "model.rotary_emb"),
+                   functools.partial(hf.run_layer, index=i))
+              for i in range(len(model.model.layers))]  # fmt: skip
+    return [
+        Unit("embed", ("model.embed_tokens",), lambda m, x: m.model.embed_tokens(x)),
+        *layers,
+        Unit("head", ("model.norm", "lm_head"), hf.run_head),
     ]
 
 

@@ -77,3 +77,48 @@ def _head_keys(model: nn.Module, num_classes: int) -> set[str]:
         return set()
     prefix = f"{last}." if last else ""
     return {prefix + name for name, _ in module.named_parameters(recurse=False)}
+
+
+def fit_state(model: nn.Module, state: dict[str, torch.Tensor], key: str, num_outputs: int) -> None:
+    """Load `state` (from `key`, e.g. `model.init_from=PATH`) into `model`."""
+    model.load_state_dict(fitting(model, state, key, num_outputs), strict=False)
+
+
+def fitting(
+    model: nn.Module, state: dict[str, torch.Tensor], key: str, num_outputs: int
+) -> dict[str, torch.Tensor]:
+    """What of `state` loads into `model`, refused in one line unless every tensor of the
+    model is there with its shape, but a classification head of another size (left fresh) and
+    a tied copy (a head sharing the embedding's matrix, which transformers saves once). dpt's GPT
+    reads GPT-2's layout too. Shapes only: `model` may be on the meta device."""
+    from dpt.models.gpt import GPT
+    from dpt.models.gpt2_weights import from_gpt2
+
+    if isinstance(model, GPT) and any(".attn.c_attn." in k for k in state):  # GPT-2's layout
+        state = from_gpt2(state, model)
+    own = model.state_dict()
+    usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    heads, tied = _head_keys(model, num_outputs), _tied_twins(model)
+    missing = [k for k in own if k not in usable and tied.get(k) not in usable
+               and not _is_fresh_head(k, own, state, heads, num_outputs)]  # fmt: skip
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        both = "; " if missing and unexpected else ""
+        raise DptError(f"{key}: its weights do not fit the model ({_first_few(missing, 'missing')}"
+                       f"{both}{_first_few(unexpected, 'not in the model')})")  # fmt: skip
+    return usable  # a tied copy is its twin's tensor: loaded with it
+
+
+def _tied_twins(model: nn.Module) -> dict[str, str]:
+    """Each parameter name that is another's parameter (tied): the first name."""
+    first: dict[int, str] = {}
+    twins = {name: first.setdefault(id(p), name)
+             for name, p in model.named_parameters(remove_duplicate=False)}  # fmt: skip
+    return {name: twin for name, twin in twins.items() if twin != name}
+
+
+def _first_few(keys: list[str], what: str, shown: int = 3) -> str:
+    if not keys:
+        return ""
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return f"{what}: {', '.join(keys[:shown])}{more}"

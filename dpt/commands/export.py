@@ -1,0 +1,141 @@
+"""The `dpt-export` command: a run's model in a form the rest of the ecosystem loads.
+
+`dpt-export RUN_DIR --to hf OUT` writes a folder that transformers' `from_pretrained` loads
+(safetensors weights, config.json, the run's tokenizer): a `model=hf` run's model as its own
+class, dpt's GPT as GPT-2 (`GPT2LMHeadModel`). `--to safetensors OUT` writes the weights alone
+(`OUT/model.safetensors`, dpt's names) for any model. The weights are `model_best.pt` by default;
+`--last` takes the run's final weights (`model.pt`, else its newest committed checkpoint, whose
+shards of any world size DCP joins here), `--checkpoint PATH` one committed checkpoint.
+
+torch is imported only after the arguments are parsed: `--help` and bad arguments answer fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpt.commands.command import run_command
+from dpt.errors import DptError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+TO_HF, TO_SAFETENSORS = "hf", "safetensors"  # --to
+WEIGHTS_FILE = "model.safetensors"  # --to safetensors: the file in OUT
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="dpt-export", description="Write a run's model for transformers or as safetensors."
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (holds data.json)")
+    parser.add_argument(
+        "--to", choices=(TO_HF, TO_SAFETENSORS), required=True,
+        help="hf: a transformers folder; safetensors: the weights alone",
+    )  # fmt: skip
+    parser.add_argument("out", metavar="OUT", help="the folder to write (created)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--last", action="store_true",
+                       help="the final weights (model.pt, else the newest checkpoint), "
+                            "not model_best.pt")  # fmt: skip
+    which.add_argument(
+        "--checkpoint", metavar="PATH",
+        help="a committed checkpoint folder (e.g. RUN_DIR/checkpoints/step-00000100)",
+    )  # fmt: skip
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> None:
+    from dpt.commands.run_model import build_run_model, model_config, run_folder
+    from dpt.state.results import read_run_data
+
+    run_dir = run_folder(Path(args.run_dir))
+    data = read_run_data(run_dir)
+    model = build_run_model(model_config(run_dir), data)
+    model.load_state_dict(_weights(run_dir, args))
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise DptError(f"{out}: not empty (dpt-export writes a new folder)")
+    written = _to_hf(model, run_dir, out) if args.to == TO_HF else _to_safetensors(model, out)
+    print(f"wrote {out} ({written})")
+
+
+def _weights(run_dir: Path, args: argparse.Namespace) -> dict[str, torch.Tensor]:
+    from dpt.commands.run_model import weights_file
+    from dpt.state.model_state import read_model_state
+
+    if args.checkpoint:
+        return read_model_state(Path(args.checkpoint), "--checkpoint")
+    if args.last:
+        return read_model_state(run_dir, "--last")
+    path, notice = weights_file(run_dir)
+    if notice:
+        print(notice)
+    return read_model_state(path, str(path))
+
+
+def _to_hf(model: nn.Module, run_dir: Path, out: Path) -> str:
+    from dpt.models.gpt import GPT
+    from dpt.models.hf import is_transformers_model
+
+    if is_transformers_model(model):
+        hf_model = model
+    elif isinstance(model, GPT):
+        hf_model = _as_gpt2(model)
+    else:
+        raise DptError(
+            f"--to hf: transformers has no class for {type(model).__name__} (a model=hf run's "
+            "model or dpt's GPT); --to safetensors writes any model's weights"
+        )
+    hf_model.save_pretrained(out)
+    _save_tokenizer(run_dir, out)
+    return f"{type(hf_model).__name__}, from_pretrained loads it"
+
+
+def _as_gpt2(model: nn.Module) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from dpt.models.gpt2_weights import to_gpt2
+
+    state, config = to_gpt2(model.state_dict(), model)
+    gpt2 = GPT2LMHeadModel(GPT2Config(**config))
+    gpt2.load_state_dict(state)
+    return gpt2
+
+
+def _save_tokenizer(run_dir: Path, out: Path) -> None:
+    """The run's tokenizers file as transformers' fast tokenizer (a byte-level run has none:
+    its ids are the text's UTF-8 bytes)."""
+    from dpt.data.tokenizer import RUN_FILE
+
+    if (run_dir / RUN_FILE).is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        PreTrainedTokenizerFast(tokenizer_file=str(run_dir / RUN_FILE)).save_pretrained(out)
+
+
+def _to_safetensors(model: nn.Module, out: Path) -> str:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = _untied(model.state_dict())
+    save_file(state, out / WEIGHTS_FILE)
+    return f"{WEIGHTS_FILE}, {len(state)} tensors"
+
+
+def _untied(state: dict[str, Any]) -> dict[str, Any]:
+    """Each tensor its own contiguous copy: safetensors stores no shared storage."""
+    return {k: v.detach().contiguous().clone() for k, v in state.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    run_command(lambda: run(args), also=(OSError,))
+
+
+if __name__ == "__main__":
+    main()

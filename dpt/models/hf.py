@@ -1,0 +1,206 @@
+"""`model=hf`: a Hugging Face transformers model as a dpt model, from a local folder
+(`model.path`: config.json, safetensors weights, the tokenizer) or from a config alone
+(`model.config`, fresh weights). Nothing is downloaded.
+
+The Auto class follows the task: a language model is a causal LM; the other tasks a sequence
+classifier (token inputs) or an image classifier (image inputs) with the data's number of
+outputs, a head of another size left fresh (transformers' `ignore_mismatched_sizes`). The model
+is transformers' own module, so its weights keep transformers' names (`dpt-export` writes them as
+they are); a forward hook hands the task its `.logits`. Its blocks are the classes it names in
+`_no_split_modules` (dpt.models.blocks): fsdp's and recomputation's units, the signal accelerate
+and FSDP's auto-wrapping use too. A Llama-shaped causal LM (Llama, Qwen2, Mistral: an embedding,
+decoder layers with rotary positions, a norm and a head) also cuts into pipeline stages between
+its layers.
+
+transformers is imported only here, by runs of `model=hf`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpt.config.tasks import CUSTOM, LANGUAGE_MODEL, TASKS
+from dpt.errors import DptError
+
+HF_CONFIG = "config.json"  # what makes a folder a transformers model's
+REMOTE_CODE_KEY = "auto_map"  # a config.json key naming the folder's own Python classes
+CAUSAL_LM, SEQUENCE, IMAGE = (
+    "AutoModelForCausalLM",
+    "AutoModelForSequenceClassification",
+    "AutoModelForImageClassification",
+)
+
+
+def pretrained(
+    task: str,
+    num_outputs: int,
+    input_shape: tuple[int, ...],
+    path: str | None = None,
+    config: dict[str, Any] | None = None,
+    block_size: int | None = None,
+    trust_remote_code: bool = False,
+) -> nn.Module:
+    """The transformers model for `task` (a dpt task kind), its outputs `num_outputs` (a
+    classifier's labels; a language model's vocabulary, at most its embedding's)."""
+    hf_config = model_config(path, config, trust_remote_code)
+    auto = auto_class(task, input_shape)
+    if task == LANGUAGE_MODEL:
+        _check_vocabulary(num_outputs, hf_config, path)
+    else:
+        hf_config.num_labels = num_outputs
+    hf_config.use_cache = False  # training: no key/value cache to build at every forward
+    model = _build(auto, hf_config, path, trust_remote_code)
+    model.register_forward_hook(_logits)
+    model.block_size = block_size  # dpt-generate's context
+    return model
+
+
+def model_config(path: str | None, config: Any, trust_remote_code: bool) -> Any:
+    """transformers' config of the folder, or of the `model.config` keys (`model_type` names
+    the architecture)."""
+    from transformers import AutoConfig
+
+    if path is not None:
+        folder = _folder(path, trust_remote_code)
+        return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    if not config:
+        raise DptError("model=hf: set model.path (a local model folder) or model.config "
+                       "(a transformers config with model_type, for fresh weights)")  # fmt: skip
+    values = _plain(config)
+    kind = values.pop("model_type", None)
+    if kind is None:
+        raise DptError("model.config: needs model_type (e.g. llama, gpt2, bert, vit)")
+    try:
+        return AutoConfig.for_model(kind, **values)
+    except ValueError as error:
+        raise DptError(f"model.config.model_type={kind}: {_first_line(error)}") from error
+
+
+def _folder(path: str, trust_remote_code: bool) -> Path:
+    """The model folder, refused in one line where it is not one, or where it would run its
+    own code without the user's leave."""
+    folder = Path(path)
+    config_file = folder / HF_CONFIG
+    if not config_file.is_file():
+        raise DptError(
+            f"model.path={path}: no {HF_CONFIG} there (a folder written by transformers' "
+            "save_pretrained; nothing is downloaded)"
+        )
+    if REMOTE_CODE_KEY in json.loads(config_file.read_text()) and not trust_remote_code:
+        raise DptError(
+            f"model.path={path}: its {HF_CONFIG} runs the folder's own Python code "
+            f"({REMOTE_CODE_KEY}); set model.trust_remote_code=true only if you trust it"
+        )
+    return folder
+
+
+def auto_class(task: str, input_shape: tuple[int, ...]) -> str:
+    """The Auto class serving `task` on inputs of `input_shape` (token ids: one dimension)."""
+    if task == LANGUAGE_MODEL:
+        return CAUSAL_LM
+    if task == CUSTOM or task not in TASKS:
+        served = ", ".join(kind for kind in TASKS if kind != CUSTOM)
+        raise DptError(f"model=hf: task={task} has no transformers Auto class (it serves {served})")
+    return SEQUENCE if len(input_shape) == 1 else IMAGE
+
+
+def _check_vocabulary(tokens: int, hf_config: Any, path: str | None) -> None:
+    size = getattr(hf_config, "vocab_size", None)
+    if size is not None and tokens > size:
+        where = f"model.path={path}" if path else "model.config"
+        raise DptError(
+            f"the data set's tokenizer has {tokens} tokens, more than the embedding of {where} "
+            f"({size}): use the model's own tokenizer (dataset.tokenizer=<its folder>)"
+        )
+
+
+def _build(auto: str, hf_config: Any, path: str | None, trust_remote_code: bool) -> nn.Module:
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # one bar per rank per load: noise in logs
+    cls = getattr(transformers, auto)
+    options = {"trust_remote_code": trust_remote_code, "attn_implementation": "sdpa"}
+    try:
+        if path is None or _on_meta():  # the pre-run check's shapes: no weights read
+            return cls.from_config(hf_config, **options)
+        return cls.from_pretrained(path, config=hf_config, dtype=torch.float32,
+                                   ignore_mismatched_sizes=True, **options)  # fmt: skip
+    except ValueError as error:
+        if "Unrecognized configuration class" not in str(error):
+            raise
+        raise DptError(
+            f"model=hf: transformers has no {auto} for model_type={hf_config.model_type} "
+            "(the task needs it)"
+        ) from error
+
+
+def _on_meta() -> bool:
+    return torch.empty(()).device.type == "meta"
+
+
+def _logits(module: nn.Module, args: Any, output: Any) -> Any:
+    """The task's input: the model's logits, not transformers' output object."""
+    return getattr(output, "logits", output)
+
+
+def _plain(config: Any) -> dict[str, Any]:
+    from omegaconf import DictConfig, OmegaConf
+
+    values = (
+        OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
+    )
+    return dict(values)
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def is_transformers_model(model: nn.Module) -> bool:
+    """Whether `model` is a transformers model (no import of transformers to find out)."""
+    modeling = sys.modules.get("transformers.modeling_utils")
+    return modeling is not None and isinstance(model, modeling.PreTrainedModel)
+
+
+def block_class_names(model: nn.Module) -> frozenset[str]:
+    """The classes of a transformers model's blocks: those it says must not be split."""
+    return frozenset(getattr(model, "_no_split_modules", None) or ())
+
+
+def flops_per_token(model: nn.Module, steps: int) -> float:
+    """Training FLOPs per token, as for dpt's GPT (6N plus attention's 12 L H Q T): N all the
+    model's parameters (a tied head once), the attention's sizes from its config."""
+    config = model.config
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
+    head = getattr(config, "head_dim", None) or config.hidden_size // heads
+    parameters = sum(p.numel() for p in model.parameters())
+    return 6.0 * parameters + 12.0 * layers * heads * head * steps
+
+
+def is_llama_shaped(model: nn.Module) -> bool:
+    """An embedding, decoder layers taking rotary positions, a final norm and a head."""
+    base = getattr(model, "model", None)
+    return all(hasattr(base, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")) \
+        and hasattr(model, "lm_head")  # fmt: skip
+
+
+def positions(x: torch.Tensor) -> torch.Tensor:
+    """Position ids (1, T) of hidden states (B, T, C) of a sequence from its start."""
+    return torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+
+
+def run_layer(model: nn.Module, x: torch.Tensor, index: int) -> torch.Tensor:
+    """Decoder layer `index` on hidden states: causal (no mask), rotary positions from 0."""
+    base = model.model
+    cos_sin = base.rotary_emb(x, positions(x))
+    return base.layers[index](x, position_embeddings=cos_sin)
+
+
+def run_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model.lm_head(model.model.norm(x))
