@@ -12,7 +12,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from dpt.config.tasks import CUSTOM
 from dpt.distributed import DistEnv, all_gather_floats
+from dpt.tasks.metrics_import import import_torchmetrics
 from dpt.tasks.task import Task
 
 log = logging.getLogger("dpt")
@@ -85,8 +87,9 @@ def evaluate(
 ) -> dict[str, float]:
     """World-wide loss and the task's metrics; all ranks must call it. `lockstep` (one input of
     zeros; fsdp, whose every forward is a collective): every rank runs as many
-    forwards as the rank with the most batches, the missing ones on that empty batch."""
-    import torchmetrics  # here: a run without validation never pays for the import
+    forwards as the rank with the most batches, the missing ones on that input."""
+    # Here: a run without validation never pays for the import.
+    torchmetrics = import_torchmetrics(any_metric=task.kind == CUSTOM)
 
     metrics = {
         "loss": torchmetrics.MeanMetric(),
