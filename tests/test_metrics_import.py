@@ -17,7 +17,8 @@ from dpt.tasks.metrics_import import import_torchmetrics
 torchmetrics = import_torchmetrics(any_metric={any_metric})
 from torchmetrics.classification import MulticlassAccuracy
 import torch
-accuracy = MulticlassAccuracy(num_classes=3, average="micro")(torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1]))
+metric = MulticlassAccuracy(num_classes=3, average="micro")
+accuracy = metric(torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1]))
 print('transformers' in sys.modules, round(float(accuracy), 4))
 """
 

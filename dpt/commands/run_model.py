@@ -11,6 +11,7 @@ bad arguments answer before it loads.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 from dpt.config.tasks import CLASSIFICATION
 from dpt.errors import DptError, first_line, one_line, torch_load_reason
-from dpt.state.results import BEST_MODEL, DATA_FILE, LAST_MODEL, RunData, read_run_data
+from dpt.state.results import (
+    BEST_MODEL,
+    DATA_FILE,
+    HF_CONFIG_FILE,
+    LAST_MODEL,
+    RunData,
+    read_run_data,
+)
 from dpt.state.sweep_folder import is_sweep, not_a_run
 
 if TYPE_CHECKING:
@@ -192,6 +200,9 @@ def model_config(run_dir: Path, cfg: Any = None) -> Any:
         raise DptError(f"{run_dir / CONFIG_FILE} is unreadable: {one_line(error)}") from error
     if model.get("_target_") in PRETRAINED_WEIGHTS_TARGETS and model.get("weights"):
         model.weights = None
+    if (run_dir / HF_CONFIG_FILE).is_file():  # model=hf: its config as the run kept it
+        model.path = None
+        model.config = json.loads((run_dir / HF_CONFIG_FILE).read_text())
     return model
 
 

@@ -32,7 +32,7 @@ from dpt.loop.early_stopping import EarlyStopping
 from dpt.loop.evaluate import Validation
 from dpt.loop.precision import Precision
 from dpt.loop.strategy import Strategy
-from dpt.models import build_model, token_flops
+from dpt.models import build_model, hf, token_flops
 from dpt.models.meta import output_shape
 from dpt.models.weights import fit_state, fitting
 from dpt.monitor.grad_diagnostics import GradDiagnostics
@@ -46,7 +46,7 @@ from dpt.seeding import seed_everything
 from dpt.state.best_model import BestModel
 from dpt.state.checkpoint import Checkpoints
 from dpt.state.model_state import read_model_state
-from dpt.state.results import RunData
+from dpt.state.results import HF_CONFIG_FILE, RunData
 from dpt.state.sharded_load import load_shards, materialize, safetensors_folder, stored_shapes
 from dpt.tasks import fit
 from dpt.tasks.task import Task, build_task
@@ -169,7 +169,7 @@ def build_parts(
         best_model=BestModel(t.early_stopping.metric, t.early_stopping.mode,
                              cfg.checkpoint.save_best, run_dir, env),
         run_data=run_data(data, task),
-        run_files=run_files(data),
+        run_files=run_files(data, model),
         total_steps=total_steps,
         global_batch=loaders.global_batch(t.grad_accum_steps),
         checkpoints=Checkpoints(run_dir, env, cfg.checkpoint.keep, cfg.yaml),
@@ -265,11 +265,15 @@ def _meta_model(node: DictConfig, data: DataModule, task: Task) -> nn.Module | N
         return None
 
 
-def run_files(data: DataModule) -> dict[str, bytes]:
-    """What the data set's run keeps beside data.json: its tokenizers file, if any."""
+def run_files(data: DataModule, model: nn.Module) -> dict[str, bytes]:
+    """What the run keeps beside data.json: the data set's tokenizers file, and a transformers
+    model's config (dpt-generate and dpt-export rebuild the model from it, not from its folder)."""
     tokenizer = getattr(data, "tokenizer", None)
     text = getattr(tokenizer, "text", None)
-    return {} if text is None else {tokenizer.describe()["file"]: text.encode()}
+    files = {} if text is None else {tokenizer.describe()["file"]: text.encode()}
+    if hf.is_transformers_model(model):
+        files[HF_CONFIG_FILE] = model.config.to_json_string().encode()
+    return files
 
 
 def token_throughput(

@@ -22,6 +22,7 @@ DATA_FILE = "data.json"
 LAST_MODEL = "model.pt"
 BEST_MODEL = "model_best.pt"
 METRICS_FILE = "metrics.json"  # the run's results, written at its end
+HF_CONFIG_FILE = "hf_config.json"  # a transformers model's config (model=hf), kept to rebuild it
 
 
 @dataclass
