@@ -50,32 +50,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> None:
-    from dpt.commands.run_model import build_run_model, model_config, run_folder
+    from dpt.commands.run_model import build_run_model, load_into, model_config, run_folder
     from dpt.state.results import read_run_data
 
-    run_dir = run_folder(Path(args.run_dir))
-    data = read_run_data(run_dir)
-    model = build_run_model(model_config(run_dir), data)
-    model.load_state_dict(_weights(run_dir, args))
-    out = Path(args.out)
+    run_dir, out = run_folder(Path(args.run_dir)), Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise DptError(f"{out}: not empty (dpt-export writes a new folder)")
+    model = build_run_model(model_config(run_dir), read_run_data(run_dir))
+    source, state = _weights(run_dir, args)
+    load_into(model, state, source)
     written = _to_hf(model, run_dir, out) if args.to == TO_HF else _to_safetensors(model, out)
     print(f"wrote {out} ({written})")
 
 
-def _weights(run_dir: Path, args: argparse.Namespace) -> dict[str, torch.Tensor]:
+def _weights(run_dir: Path, args: argparse.Namespace) -> tuple[Path, dict[str, torch.Tensor]]:
+    """Where the weights come from, and the weights."""
     from dpt.commands.run_model import weights_file
     from dpt.state.model_state import read_model_state
 
-    if args.checkpoint:
-        return read_model_state(Path(args.checkpoint), "--checkpoint")
-    if args.last:
-        return read_model_state(run_dir, "--last")
+    if args.checkpoint or args.last:
+        source = Path(args.checkpoint) if args.checkpoint else run_dir
+        return source, read_model_state(source, "--checkpoint" if args.checkpoint else "--last")
     path, notice = weights_file(run_dir)
     if notice:
         print(notice)
-    return read_model_state(path, str(path))
+    return path, read_model_state(path, str(path))
 
 
 def _to_hf(model: nn.Module, run_dir: Path, out: Path) -> str:

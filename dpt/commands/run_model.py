@@ -289,11 +289,17 @@ def load_state(model: nn.Module, path: Path) -> None:
         raise DptError(
             f"{path} is not a loadable state_dict: {torch_load_reason(error)}"
         ) from error
+    load_into(model, state, path)
+
+
+def load_into(model: nn.Module, state: Any, source: Path | str) -> None:
+    """`state` (read from `source`) into the run's model, refused in one line where it does
+    not fit."""
     try:
         model.load_state_dict(state)
     except (RuntimeError, TypeError, AttributeError) as error:
         raise DptError(
-            f"{path} does not fit the model of the run's config: {first_line(error)}"
+            f"{source} does not fit the model of the run's config: {first_line(error)}"
         ) from error
 
 

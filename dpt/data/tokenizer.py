@@ -117,14 +117,18 @@ def load_tokenizer(spec: str | None, named: str = KEY) -> Tokenizer:
     string (`--tokenizer {}` in a command)."""
     if spec in (None, BYTES):
         return ByteTokenizer()
-    path = Path(spec)
-    if path.is_dir():
-        if not (path / RUN_FILE).is_file():
-            raise DptError(f"{named.format(spec)}: a folder without {RUN_FILE}")
-        path = path / RUN_FILE
+    path = tokenizer_file(spec)
+    if Path(spec).is_dir() and not path.is_file():
+        raise DptError(f"{named.format(spec)}: a folder without {RUN_FILE}")
     if not path.is_file():
         raise DptError(f"{named.format(spec)}: file not found (or `bytes`)")
     return FileTokenizer(path, named)
+
+
+def tokenizer_file(spec: str) -> Path:
+    """The tokenizers file `dataset.tokenizer` names: the path, or a model folder's own."""
+    path = Path(spec)
+    return path / RUN_FILE if path.is_dir() else path
 
 
 def _reason(error: BaseException) -> str:

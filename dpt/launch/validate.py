@@ -34,7 +34,7 @@ from dpt.config.strategies import (
 )
 from dpt.config.tasks import CLASSIFICATION, CUSTOM, task_higher_is_better, task_kind, val_metrics
 from dpt.config.trainer import objectives
-from dpt.data.tokenizer import BYTES, RUN_FILE
+from dpt.data.tokenizer import BYTES, RUN_FILE, tokenizer_file
 from dpt.errors import ConfigError
 from dpt.tasks import fit
 from dpt.user_code import check_importable, check_moved
@@ -345,8 +345,7 @@ def _validate_dataset_paths(dataset: DictConfig) -> None:
     elif OmegaConf.get_type(dataset) is TextConfig:  # a file, or a folder of them
         _check(Path(dataset.root).exists(), "dataset.root", dataset.root, "no such file or folder")
         tokenizer = dataset.tokenizer
-        found = tokenizer in (None, BYTES) or Path(tokenizer).is_file() \
-            or (Path(tokenizer) / RUN_FILE).is_file()  # fmt: skip
+        found = tokenizer in (None, BYTES) or tokenizer_file(tokenizer).is_file()
         missing = f"file not found, nor a folder with {RUN_FILE} (or bytes: UTF-8 bytes, 256 ids)"
         _check(found, "dataset.tokenizer", tokenizer, missing)
     elif "root" in dataset:

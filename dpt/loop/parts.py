@@ -45,9 +45,9 @@ from dpt.observe.metrics import MetricsLogger
 from dpt.seeding import seed_everything
 from dpt.state.best_model import BestModel
 from dpt.state.checkpoint import Checkpoints
-from dpt.state.model_state import read_model_state
+from dpt.state.model_state import model_shapes, read_model_state
 from dpt.state.results import HF_CONFIG_FILE, RunData
-from dpt.state.sharded_load import load_shards, materialize, safetensors_folder, stored_shapes
+from dpt.state.sharded_load import load_shards, materialize, safetensors_folder
 from dpt.tasks import fit
 from dpt.tasks.task import Task, build_task
 
@@ -230,11 +230,10 @@ def initial_weights(
     if source is None:
         return
     key = f"model.{INIT_KEY}={source}"
-    state = read_model_state(Path(source), key)
     if load:
-        fit_state(model, state, key, num_outputs)
-    else:
-        fitting(model, state, key, num_outputs)
+        fit_state(model, read_model_state(Path(source), key), key, num_outputs)
+    else:  # the pre-run check: a safetensors source's headers alone
+        fitting(model, model_shapes(Path(source), key), key, num_outputs)
 
 
 def sharded_source(node: DictConfig, strategy: Strategy, env: DistEnv) -> Path | None:
@@ -249,7 +248,8 @@ def sharded_source(node: DictConfig, strategy: Strategy, env: DistEnv) -> Path |
 def load_sharded(model: nn.Module, folder: Path, device: torch.device, num_outputs: int) -> None:
     """The meta model, sharded, materialized and loaded slice by slice: what fits of the folder
     (a head of another size keeps its fresh initialisation)."""
-    usable = fitting(model, stored_shapes(folder), f"model weights in {folder}", num_outputs)
+    shapes = model_shapes(folder, f"model weights in {folder}")
+    usable = fitting(model, shapes, f"model weights in {folder}", num_outputs)
     materialize(model, device)
     load_shards(model, folder, set(usable))
 

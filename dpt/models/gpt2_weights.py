@@ -37,6 +37,11 @@ _PREFIX = "transformer."  # GPT2LMHeadModel's; GPT2Model saves its keys without 
 _SHOWN = 3  # keys named in a refusal, so that it stays one line
 
 
+def is_gpt2_layout(state: dict[str, Tensor]) -> bool:
+    """Whether `state` holds GPT-2's modules (its Conv1D attention), not dpt's names."""
+    return any(f".{gpt2}." in key for key in state for gpt2 in _LINEARS)
+
+
 def from_gpt2(state: dict[str, Tensor], model: GPT) -> dict[str, Tensor]:
     """A GPT-2 state dict (GPT2LMHeadModel's or GPT2Model's) -> one that `model` loads with
     `load_state_dict(strict=True)`. The position embedding is cut to `model.block_size`; a

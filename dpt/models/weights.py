@@ -18,7 +18,9 @@ from dpt.errors import DptError, torch_load_reason
 
 def load_weights(model: nn.Module, path: Path, label: str, num_classes: int) -> None:
     """Load `path` into `model`; `label` names the model in errors (`model={label}`)."""
-    state = _read(path)
+    if not path.is_file():
+        raise DptError(f"model.weights={path}: file not found")
+    state = read_state_file(path, f"model.weights={path}")
     own = model.state_dict()
     usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
     heads = _head_keys(model, num_classes)
@@ -33,18 +35,20 @@ def load_weights(model: nn.Module, path: Path, label: str, num_classes: int) -> 
     model.load_state_dict(usable, strict=False)
 
 
-def _read(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise DptError(f"model.weights={path}: file not found")
+MODEL_PART = "model"  # the model's entry in a training state (and in a checkpoint)
+
+
+def read_state_file(path: Path, key: str) -> dict[str, torch.Tensor]:
+    """A torch file's state_dict (or a training state's, under `model`), tensors only;
+    `key` names it in errors (`model.weights=PATH`, `model.init_from=PATH`)."""
     try:
         state: Any = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
+    except Exception as error:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
         reason = torch_load_reason(error)
-        raise DptError(f"model.weights={path}: not a loadable state_dict: {reason}") from error
-    # A training checkpoint wraps the model's state_dict as {"model": ..., ...}.
-    state = state.get("model", state) if isinstance(state, dict) else state
+        raise DptError(f"{key}: not a loadable state_dict: {reason}") from error
+    state = state.get(MODEL_PART, state) if isinstance(state, dict) else state
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise DptError(f"model.weights={path}: not a state_dict (a dict of tensors)")
+        raise DptError(f"{key}: not a state_dict (a dict of tensors)")
     return state
 
 
@@ -92,9 +96,9 @@ def fitting(
     a tied copy (a head sharing the embedding's matrix, which transformers saves once). dpt's GPT
     reads GPT-2's layout too. Shapes only: `model` may be on the meta device."""
     from dpt.models.gpt import GPT
-    from dpt.models.gpt2_weights import from_gpt2
+    from dpt.models.gpt2_weights import from_gpt2, is_gpt2_layout
 
-    if isinstance(model, GPT) and any(".attn.c_attn." in k for k in state):  # GPT-2's layout
+    if isinstance(model, GPT) and is_gpt2_layout(state):
         state = from_gpt2(state, model)
     own = model.state_dict()
     usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}

@@ -12,54 +12,72 @@ from typing import Any
 
 import torch
 
-from dpt.errors import DptError, torch_load_reason
+from dpt.errors import DptError
+from dpt.models.weights import MODEL_PART, read_state_file
 from dpt.state.checkpoint import MARKER, checkpoint_dir, committed
 from dpt.state.results import DATA_FILE, LAST_MODEL
 
 SAFETENSORS_SUFFIX = ".safetensors"
-MODEL_PART = "model"  # the model's entry in a checkpoint (and in a training state file)
 
 
 def read_model_state(path: Path, key: str) -> dict[str, torch.Tensor]:
     """The weights at `path`; `key` names it in errors (`model.init_from=PATH`)."""
-    if path.is_dir():
-        return _from_folder(path, key)
-    if not path.is_file():
+    files = safetensors_files(path, key)
+    return _torch_source(path, key) if files is None else _safetensors(files)
+
+
+def model_shapes(path: Path, key: str) -> dict[str, torch.Tensor]:
+    """The weights at `path` as meta tensors, their names and shapes: for safetensors only
+    their headers are read (the pre-run check of a model folder reads no weights)."""
+    files = safetensors_files(path, key)
+    if files is None:
+        return {k: v.to("meta") for k, v in read_model_state(path, key).items()}
+    return stored_shapes(files)
+
+
+def safetensors_files(path: Path, key: str) -> list[Path] | None:
+    """The safetensors files `path` is (a file, or a folder of them that is neither a run
+    folder nor a checkpoint); None for any other source; refused where it is nothing."""
+    if path.is_file():
+        return [path] if path.suffix == SAFETENSORS_SUFFIX else None
+    if not path.is_dir():
         raise DptError(f"{key}: no such file or folder")
-    if path.suffix == SAFETENSORS_SUFFIX:
-        return _safetensors([path])
-    return _torch_file(path, key)
-
-
-def _from_folder(path: Path, key: str) -> dict[str, torch.Tensor]:
-    if (path / MARKER).is_file():
-        return _checkpoint(path)
-    if (path / DATA_FILE).is_file():  # a run folder: where it ended
-        if (path / LAST_MODEL).is_file():
-            return _torch_file(path / LAST_MODEL, key)
-        done = committed(checkpoint_dir(path))
-        if not done:
-            raise DptError(f"{key}: a run folder with neither {LAST_MODEL} nor a checkpoint")
-        return _checkpoint(done[-1].path)
+    if (path / MARKER).is_file() or (path / DATA_FILE).is_file():
+        return None
     files = sorted(path.glob(f"*{SAFETENSORS_SUFFIX}"))
     if not files:
         raise DptError(
             f"{key}: neither a run folder, a committed checkpoint nor a folder of "
             f"{SAFETENSORS_SUFFIX} weights"
         )
-    return _safetensors(files)
+    return files
 
 
-def _torch_file(path: Path, key: str) -> dict[str, torch.Tensor]:
-    try:
-        state: Any = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
-        reason = torch_load_reason(error)
-        raise DptError(f"{key}: not a loadable state_dict: {reason}") from error
-    state = state.get(MODEL_PART, state) if isinstance(state, dict) else state
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise DptError(f"{key}: not a state_dict (a dict of tensors)")
-    return state
+def stored_shapes(files: list[Path]) -> dict[str, torch.Tensor]:
+    """The files' tensors as meta tensors: names and shapes, nothing read but the headers."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as opened:
+            for key in opened.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                shape = opened.get_slice(key).get_shape()
+                shapes[key] = torch.empty(shape, device="meta")
+    return shapes
+
+
+def _torch_source(path: Path, key: str) -> dict[str, torch.Tensor]:
+    """A torch file, a committed checkpoint or a run folder (`safetensors_files` said no)."""
+    if path.is_file():
+        return read_state_file(path, key)
+    if (path / MARKER).is_file():
+        return _checkpoint(path)
+    if (path / LAST_MODEL).is_file():  # a run folder: where it ended
+        return read_state_file(path / LAST_MODEL, key)
+    done = committed(checkpoint_dir(path))
+    if not done:
+        raise DptError(f"{key}: a run folder with neither {LAST_MODEL} nor a checkpoint")
+    return _checkpoint(done[-1].path)
 
 
 def _safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
