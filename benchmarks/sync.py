@@ -255,7 +255,7 @@ class LoopCalls:
 
     def end_window(self) -> None:
         self.metrics.end_window(self.step, 0)
-        self.metrics.set_lr(1e-3)
+        self.metrics.set_lr({"default": 1e-3})
 
     def agree(self) -> list[list[float]]:
         losses, _ = self.metrics.read_back()

@@ -15,6 +15,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+# A target position that is not scored (torch's cross-entropy default): dataset=chat's targets
+# outside the answers, left out of task=language_model's loss and perplexity.
+IGNORE_INDEX = -100
+
 
 class Targets:
     """One sample's target: integer or float, and its shape (`()` for a label or a scalar).

@@ -32,7 +32,7 @@ from dpt.config.store import SCHEMAS, Config
 
 CONF = Path(dpt.conf.__file__).parent
 # Sections of the config that are no group: always there, typed by `Config`'s fields.
-ALWAYS = ("trainer", "checkpoint", "monitor", "sweep")
+ALWAYS = ("trainer", "checkpoint", "monitor", "sweep", "finetune")
 # Keys Hydra reads, not the target: the same meaning wherever they appear.
 HYDRA_KEYS = {
     "_target_": "what is built: the class or function, as an import path (Hydra's instantiate)",

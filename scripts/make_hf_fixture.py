@@ -21,6 +21,12 @@ import torch
 SUMS = "".join(f"{a:02d}+{b:02d}={a + b:03d}\n" for a in range(100) for b in range(100))
 VOCAB = 300  # the tokenizer's ids; the Llama's embedding has more rows (as real ones pad)
 TOKENS = 50  # the sequence classifier's vocabulary
+# The Llama's chat template: a turn a line, `u:07+35=` then `a:042` (short: a few tokens of
+# its sums-trained tokenizer, where ChatML's markers would take dozens).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'][0] }}:{{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
+)
 
 
 def tokenizer(text: str = SUMS) -> Any:
@@ -47,7 +53,9 @@ def llama(folder: Path, vocab_size: int = 320, **extra: object) -> Path:
     config = LlamaConfig(vocab_size=vocab_size, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=64, **sizes)  # fmt: skip
     LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer().save_pretrained(folder)
+    chat = tokenizer()
+    chat.chat_template = CHAT_TEMPLATE  # as a chat model's folder has one (dataset=chat uses it)
+    chat.save_pretrained(folder)
     return folder
 
 

@@ -74,6 +74,7 @@ TAGGED = {
     "tasks": "tests/test_task_readme.py",
     "lm": "tests/test_task_readme.py",
     "hf": "tests/test_hf_models.py",
+    "finetune": "tests/test_lora_runs.py",
     "pipeline": "tests/test_pipeline_runs.py",
 }
 PROGRAMS = {

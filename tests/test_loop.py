@@ -131,7 +131,7 @@ def test_metrics_read_back_once_and_write_once_per_window(tmp_path: Path) -> Non
         metrics.record(torch.tensor(loss), samples=8, bad=1, data_s=0.1, work_s=0.2,
                        grad_norm=torch.tensor(2.0))  # fmt: skip
     metrics.end_window(step=2, epoch=0)
-    metrics.set_lr(0.1)
+    metrics.set_lr({"default": 0.1})
     assert metrics.read_back() == ([1.0, 3.0], [2.0, 2.0])  # every step's loss, in order
     assert metrics.read_back() == ([], [])  # nothing new since
     payload = metrics.payload()
@@ -159,7 +159,7 @@ def test_one_agreement_writes_every_window_it_carries(
         for loss in losses:
             metrics.record(torch.tensor(loss), 8, 0, 0.0, 0.0, None)
         metrics.end_window(step, epoch=0)
-        metrics.set_lr(0.1 * step)
+        metrics.set_lr({"default": 0.1 * step})
     assert metrics.read_back() == ([1.0, 3.0, 5.0], [])  # one read-back for both windows
     payload = metrics.payload()
     assert [_window(payload, i)["loss"] for i in (0, 1)] == [1.0, 8.0]
@@ -189,7 +189,7 @@ def test_the_steady_pace_leaves_out_the_first_window_and_what_is_not_training(
         with metrics.outside_windows(), metrics.outside_windows():
             time.sleep(0.05)
         metrics.end_window(step, epoch=0)
-        metrics.set_lr(0.1)
+        metrics.set_lr({"default": 0.1})
     metrics.read_back()
     payload = metrics.payload()
     assert all(0 <= _window(payload, i)["elapsed"] < 0.04 for i in range(3))
@@ -254,7 +254,7 @@ def test_held_scalars_reach_tensorboard_on_flush_stamped_when_made(tmp_path: Pat
         before = time.time()
         metrics.end_window(step, epoch=0)
         stamps.append((before, time.time()))
-        metrics.set_lr(0.1)
+        metrics.set_lr({"default": 0.1})
         time.sleep(0.2)
     metrics.read_back()
     metrics.agreed([metrics.payload()])  # both windows, after both ended

@@ -7,6 +7,13 @@ class, dpt's GPT as GPT-2 (`GPT2LMHeadModel`). `--to safetensors OUT` writes the
 `--last` takes the run's final weights (`model.pt`, else its newest committed checkpoint, whose
 shards of any world size DCP joins here), `--checkpoint PATH` one committed checkpoint.
 
+A run that trained LoRA adapters (`finetune.lora.rank` > 0) is written merged by `--to hf` and
+`--to safetensors` (each adapted weight W + alpha / rank * B @ A: a plain model), and as the
+adapters alone by `--to peft OUT` (`adapter_config.json` + `adapter_model.safetensors`, peft's
+layout: `PeftModel.from_pretrained(base, OUT)` loads them onto the run's base). A checkpoint of
+such a run holds the adapters alone: the base comes from the run's `model.init_from` or
+`model.path`.
+
 torch is imported only after the arguments are parsed: `--help` and bad arguments answer fast.
 """
 
@@ -24,7 +31,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-TO_HF, TO_SAFETENSORS = "hf", "safetensors"  # --to
+    from dpt.commands.run_model import RunLora
+
+TO_HF, TO_SAFETENSORS, TO_PEFT = "hf", "safetensors", "peft"  # --to
 WEIGHTS_FILE = "model.safetensors"  # --to safetensors: the file in OUT
 
 
@@ -34,8 +43,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (holds data.json)")
     parser.add_argument(
-        "--to", choices=(TO_HF, TO_SAFETENSORS), required=True,
-        help="hf: a transformers folder; safetensors: the weights alone",
+        "--to", choices=(TO_HF, TO_SAFETENSORS, TO_PEFT), required=True,
+        help="hf: a transformers folder; safetensors: the weights alone; peft: a LoRA run's "
+             "adapters alone, in peft's layout",
     )  # fmt: skip
     parser.add_argument("out", metavar="OUT", help="the folder to write (created)")
     which = parser.add_mutually_exclusive_group()
@@ -50,17 +60,67 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> None:
-    from dpt.commands.run_model import build_run_model, load_into, model_config, run_folder
+    from dpt.commands.run_model import (
+        build_run_model,
+        load_into,
+        model_config,
+        run_config,
+        run_folder,
+        run_lora,
+        with_base,
+    )
     from dpt.state.results import read_run_data
 
     run_dir, out = run_folder(Path(args.run_dir)), Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise DptError(f"{out}: not empty (dpt-export writes a new folder)")
-    model = build_run_model(model_config(run_dir), read_run_data(run_dir))
+    cfg, data = run_config(run_dir), read_run_data(run_dir)
+    lora = run_lora(cfg)  # before model_config, which forgets model.path
+    if args.to == TO_PEFT and lora is None:
+        raise DptError(
+            f"--to peft: {run_dir} trained no LoRA adapters (its finetune.lora.rank is 0); "
+            "--to hf or --to safetensors writes its model"
+        )
+    model_cfg = model_config(run_dir, cfg)
+    model = build_run_model(model_cfg, data, lora)
     source, state = _weights(run_dir, args)
-    load_into(model, state, source)
-    written = _to_hf(model, run_dir, out) if args.to == TO_HF else _to_safetensors(model, out)
+    load_into(model, with_base(model, state, lora, data.num_classes), source)
+    if args.to == TO_PEFT:
+        assert lora is not None
+        written = _to_peft(model, lora, data.task, out)
+    else:
+        if lora is not None:  # a plain model of the run's, its adapters merged in
+            model = _merged(model, build_run_model(model_cfg, data), lora.scaling)
+        written = _to_hf(model, run_dir, out) if args.to == TO_HF else _to_safetensors(model, out)
     print(f"wrote {out} ({written})")
+
+
+def _merged(adapted: nn.Module, plain: nn.Module, scaling: float) -> nn.Module:
+    """`plain` (the run's model without adapters) holding `adapted`'s weights, merged."""
+    from dpt.commands.run_model import load_into
+    from dpt.models.lora import merged_state
+
+    load_into(plain, merged_state(adapted.state_dict(), scaling), "the merged weights")
+    return plain
+
+
+def _to_peft(model: nn.Module, lora: RunLora, task: str, out: Path) -> str:
+    import json
+
+    from safetensors.torch import save_file
+
+    from dpt.config.tasks import LANGUAGE_MODEL
+    from dpt.models.hf import is_transformers_model
+    from dpt.models.lora import PEFT_CONFIG, PEFT_WEIGHTS, peft_files
+
+    # peft's class for a transformers causal LM; a plain PeftModel for any other model.
+    kind = "CAUSAL_LM" if is_transformers_model(model) and task == LANGUAGE_MODEL else None
+    config, tensors = peft_files(model.state_dict(), lora.rank, lora.alpha, lora.dropout,
+                                 lora.targets, lora.base, kind)  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    save_file(tensors, out / PEFT_WEIGHTS, metadata={"format": "pt"})
+    return f"{PEFT_CONFIG} and {PEFT_WEIGHTS}, {len(tensors)} tensors, peft loads them"
 
 
 def _weights(run_dir: Path, args: argparse.Namespace) -> tuple[Path, dict[str, torch.Tensor]]:

@@ -10,6 +10,11 @@ context is the last `model.block_size` tokens. On a terminal the text is printed
 otherwise once, at the end. `--stop TEXT` ends a completion where TEXT appears (left out).
 `--prompts FILE`: one prompt a line, one completion a line (a newline in it written as `\\n`).
 
+A run of chat data (dataset=chat: its folder keeps chat_format.json) is asked as it trained: the
+prompt is the user's turn in the run's chat template (or prompt template), up to where the answer
+starts, the end of an answer stops it (`--stop` where given), and the answer alone is printed.
+`--raw` sends the prompt as given.
+
 torch is imported only after the arguments are parsed: `--help` and bad arguments answer fast.
 """
 
@@ -31,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
     from dpt.commands.run_model import Predictor
+    from dpt.data.conversations import ChatFormat
     from dpt.data.tokenizer import Tokenizer
 
 REPLACEMENT = "\ufffd"  # what a cut multi-byte character decodes to, until its last byte comes
@@ -64,6 +70,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--last", action="store_true", help="use model.pt (the last epoch), not model_best.pt"
     )
+    parser.add_argument(
+        "--raw", action="store_true",
+        help="a chat run: the prompt as given, not as the user's turn in its chat template",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -136,12 +146,15 @@ def complete(
     prompt: str,
     args: argparse.Namespace,
     show: Callable[[str], None] | None = None,
+    chat: bool = False,
 ) -> str:
     """The completion of `prompt` (without it), shown piece by piece through `show` as its text
-    becomes final, cut at `--stop`."""
+    becomes final, cut at `--stop`. `chat`: a prompt rendered by a chat template, which writes
+    its own special tokens (none added, as dataset=chat encodes), and an answer whose end may be
+    one (`<|im_end|>`: decoded spelled out, or the stop would never be seen)."""
     import torch
 
-    ids = tokenizer.encode(prompt)
+    ids = tokenizer.encode(prompt, special=not chat)
     if not ids:
         raise DptError("--prompt: empty (the model needs at least one token to continue)")
     generator = torch.Generator().manual_seed(args.seed)
@@ -150,7 +163,7 @@ def complete(
     for token in sample(predictor, ids, args.max_new_tokens, args.temperature, args.top_k,
                         generator):  # fmt: skip
         new.append(token)
-        text = tokenizer.decode(new)
+        text = tokenizer.decode(new, special=chat)
         if args.stop and args.stop in text:
             text = text[: text.index(args.stop)]
             break
@@ -159,7 +172,7 @@ def complete(
             show(final[shown:])
             shown = len(final)
     else:
-        text = tokenizer.decode(new)
+        text = tokenizer.decode(new, special=chat)
     if show is not None and len(text) > shown:
         show(text[shown:])
     return text
@@ -176,15 +189,33 @@ def run(args: argparse.Namespace) -> None:
     predictor = Predictor.from_run(run_dir, last=args.last)
     if predictor.notice:
         print(f"Note: {predictor.notice}", file=sys.stderr)
+    chat = None if args.raw else run_chat_format(run_dir)
+    if chat is not None:  # the user's turn in; the answer, to its end, out
+        args = argparse.Namespace(**{**vars(args), "stop": args.stop or chat.stop()})
     live = sys.stdout.isatty() and args.prompt is not None
     for prompt in prompts:
-        if live:
+        if chat is not None:
+            answer = complete(predictor, tokenizer, chat.generation_prompt(prompt), args,
+                              chat=True)  # fmt: skip
+            print(answer.replace("\n", "\\n") if args.prompts else answer)
+        elif live:
             print(prompt, end="", flush=True)
             complete(predictor, tokenizer, prompt, args, lambda s: print(s, end="", flush=True))
             print()
         else:
             text = complete(predictor, tokenizer, prompt, args)
             print(text.replace("\n", "\\n") if args.prompts else prompt + text)
+
+
+def run_chat_format(run_dir: Path) -> ChatFormat | None:
+    """How the run's chat data was made text (chat_format.json); None: not a chat run."""
+    import json
+
+    from dpt.data.conversations import ChatFormat
+    from dpt.state.results import CHAT_FORMAT_FILE
+
+    path = run_dir / CHAT_FORMAT_FILE
+    return ChatFormat.of(json.loads(path.read_text())) if path.is_file() else None
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:

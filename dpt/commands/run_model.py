@@ -91,10 +91,11 @@ class Predictor:
         data = read_run_data(run_dir)
         transform = None if data.val_transform is None else build_transform(run_dir, data)
         weights, notice = weights_file(run_dir, last)
-        cfg = _run_config(run_dir)
+        cfg = run_config(run_dir)
+        lora = run_lora(cfg)  # before model_config, which forgets model.path
         model_cfg = model_config(run_dir, cfg)
         task = build_run_task(run_dir, data, cfg)
-        model = build_run_model(model_cfg, data)
+        model = build_run_model(model_cfg, data, lora)
         load_state(model, weights)
         target = pick_device(device)
         precision = _run_precision(cfg)
@@ -171,7 +172,7 @@ def build_transform(run_dir: Path, data: RunData) -> Any:
         raise DptError(f"cannot build the run's val_transform: {one_line(error)}") from error
 
 
-def _run_config(run_dir: Path) -> Any:
+def run_config(run_dir: Path) -> Any:
     """The run's composed config (its interpolations still resolvable)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -193,7 +194,7 @@ def model_config(run_dir: Path, cfg: Any = None) -> Any:
     `cfg`: that config, where already read."""
     from omegaconf.errors import OmegaConfBaseException
 
-    cfg = _run_config(run_dir) if cfg is None else cfg
+    cfg = run_config(run_dir) if cfg is None else cfg
     try:
         model = cfg.model
     except OmegaConfBaseException as error:
@@ -211,7 +212,7 @@ def task_config(run_dir: Path, data: RunData, cfg: Any = None) -> Any:
     run of before tasks."""
     from omegaconf import DictConfig, OmegaConf
 
-    node = (_run_config(run_dir) if cfg is None else cfg).get("task")
+    node = (run_config(run_dir) if cfg is None else cfg).get("task")
     if isinstance(node, DictConfig) and "_target_" in node:
         return node
     if data.task != CLASSIFICATION:
@@ -268,16 +269,84 @@ def _float_type(model: nn.Module) -> Any:
     return None
 
 
-def build_run_model(model_cfg: Any, data: RunData) -> nn.Module:
+@dataclass(frozen=True)
+class RunLora:
+    """A run's LoRA adapters (`finetune.lora`), and where its frozen base came from."""
+
+    rank: int
+    alpha: float
+    dropout: float
+    targets: list[str]
+    base: str | None  # the run's model.init_from, else model.path (None: neither)
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
+def run_lora(cfg: Any) -> RunLora | None:
+    """The run's LoRA settings; None for a run without (rank 0, or a run folder of before
+    `finetune`). Read before `model_config`, which forgets `model.path`."""
+    from omegaconf import OmegaConf
+
+    lora = OmegaConf.select(cfg, "finetune.lora")
+    if lora is None or not lora.get("rank"):
+        return None
+    base = OmegaConf.select(cfg, "model.init_from") or OmegaConf.select(cfg, "model.path")
+    return RunLora(
+        rank=int(lora.rank),
+        alpha=float(lora.get("alpha", 16.0)),
+        dropout=float(lora.get("dropout", 0.0)),
+        targets=[str(t) for t in lora.get("targets", [])],
+        base=None if base is None else str(base),
+    )
+
+
+def build_run_model(model_cfg: Any, data: RunData, lora: RunLora | None = None) -> nn.Module:
+    """The run's model, with its LoRA adapters where it trained some (`lora`): its weights
+    files hold them beside the base."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from dpt.models import build_model
 
     try:
-        return build_model(model_cfg, tuple(data.input_shape), data.num_classes, task=data.task)
+        model = build_model(model_cfg, tuple(data.input_shape), data.num_classes, task=data.task)
     except (HydraException, OmegaConfBaseException) as error:
         raise DptError(f"cannot build the run's model: {one_line(error)}") from error
+    if lora is not None:
+        from dpt.models.lora import add_lora
+
+        add_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets)
+    return model
+
+
+def with_base(
+    model: nn.Module, state: dict[str, torch.Tensor], lora: RunLora | None, num_outputs: int
+) -> dict[str, torch.Tensor]:
+    """`state`, and where it is a LoRA run's checkpoint (the adapters alone: the frozen base
+    was never saved), the base's weights from the run's `model.init_from` / `model.path`."""
+    from dpt.models.lora import is_lora_key
+
+    base_keys = [k for k in model.state_dict() if not is_lora_key(k)]
+    if lora is None or all(k in state for k in base_keys):
+        return state
+    if lora.base is None:
+        raise DptError(
+            "the weights hold the run's LoRA adapters alone, and its config names no base "
+            "weights (model.init_from, model.path) to put them on: use model_best.pt or model.pt"
+        )
+    from dpt.models.weights import fitting
+    from dpt.state.model_state import read_model_state
+
+    key = f"the run's base weights ({lora.base})"
+    whole = {**fitting(model, read_model_state(Path(lora.base), key), key, num_outputs), **state}
+    first: dict[int, str] = {}  # a tied copy (GPT's head, the embedding's matrix): its twin's
+    for name, p in model.named_parameters(remove_duplicate=False):
+        twin = first.setdefault(id(p), name)
+        if name not in whole and twin in whole:
+            whole[name] = whole[twin]
+    return whole
 
 
 def load_state(model: nn.Module, path: Path) -> None:

@@ -114,6 +114,32 @@ class TextConfig:
 
 
 @dataclass
+class ChatTemplateConfig:
+    """Rows of `prompt` and `response` as text: each put in its part ({prompt}, {response})."""
+
+    prompt: str = MISSING  # e.g. "### Question:\n{prompt}\n### Answer:\n"
+    response: str = MISSING  # e.g. "{response}\n": what follows the answer is learned too
+
+
+@dataclass
+class ChatConfig:
+    """Chat or instruction rows as windows of token ids, the loss on the answers
+    (dpt/data/chat.py), for task=language_model."""
+
+    _target_: str = "dpt.data.chat.ChatData"
+    root: str = MISSING  # a .jsonl, .json, .parquet or .csv file, or a folder of train.* and val.*
+    tokenizer: str | None = MISSING  # bytes (or null), a tokenizers JSON file, or a model folder
+    block_size: int = MISSING  # positions a window trains on
+    packing: bool = MISSING  # several examples a window (attention kept within each)
+    template: ChatTemplateConfig | None = MISSING  # null: rows of `messages` (chat template)
+    chat_template: str | None = MISSING  # null: the model folder's, else ChatML
+    val_fraction: float = between(0, 1)  # a file alone: this share of its rows, the last
+    num_workers: int = at_least(0)
+    # false: every epoch in index order (dpt applies it: the target never sees it)
+    shuffle: bool = MISSING
+
+
+@dataclass
 class CustomDatasetConfig:
     """Plain `torch.utils.data.Dataset` classes of yours (dpt/data/custom.py): each item an
     (input, target) pair; the input shape is read from the first training sample."""
@@ -138,6 +164,7 @@ DATASETS: dict[str, type] = {
     "shards": ShardsConfig,
     "custom": CustomDatasetConfig,
     "text": TextConfig,
+    "chat": ChatConfig,
 }
 
 
@@ -151,7 +178,7 @@ def declared_targets(dataset: DictConfig) -> Targets | None:
         return Targets.labels(dataset.num_classes)
     if schema in (CocoConfig, ImageFolderConfig):
         return Targets.labels()
-    if schema is TextConfig:
+    if schema in (TextConfig, ChatConfig):
         return Targets(integer=True, shape=(dataset.block_size,))  # token ids, one token later
     return None
 

@@ -3,15 +3,40 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from dpt.config.checks import at_least
+from dpt.config.checks import Check, at_least, checked
+
+# Keys of every optimizer's config that dpt applies itself (the parameter groups it hands the
+# optimizer: dpt/loop/param_groups.py), not passed to `_target_`.
+GROUP_KEYS = ("groups", "layer_decay")
 
 
 @dataclass
-class AdamConfig:
+class ParamGroupConfig:
+    """Parameters whose name matches `match` (fnmatch, of the parameter or a module above it):
+    their learning rate times `lr_scale`, their own weight decay where given."""
+
+    match: str = MISSING
+    lr_scale: float = at_least(0, 1.0)
+    weight_decay: float | None = at_least(0, None, null="the optimizer's")
+
+
+@dataclass
+class ParamGroups:
+    """What every optimizer's config has: its groups of parameters (the first match wins; the
+    rest train at optimizer.lr), and timm's layer-wise decay."""
+
+    groups: list[ParamGroupConfig] = field(default_factory=list)
+    # A model with blocks: block i of n trains at lr x layer_decay^(n - i), the embeddings
+    # before them at layer_decay^(n + 1), the head after them at lr; null: off.
+    layer_decay: float | None = checked(Check(lambda v: 0 < v <= 1, "must be > 0 and <= 1"), None)
+
+
+@dataclass
+class AdamConfig(ParamGroups):
     _target_: str = "torch.optim.Adam"
     _partial_: bool = True
     lr: float = at_least(0)
@@ -20,7 +45,7 @@ class AdamConfig:
 
 
 @dataclass
-class AdamWConfig:
+class AdamWConfig(ParamGroups):
     _target_: str = "torch.optim.AdamW"
     _partial_: bool = True
     lr: float = at_least(0)
@@ -36,7 +61,7 @@ class AdamWGPTConfig(AdamWConfig):
 
 
 @dataclass
-class SGDConfig:
+class SGDConfig(ParamGroups):
     _target_: str = "torch.optim.SGD"
     _partial_: bool = True
     lr: float = at_least(0)

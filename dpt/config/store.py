@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from dpt.config.datasets import DATASETS
+from dpt.config.finetune import FinetuneConfig
 from dpt.config.launchers import LAUNCHERS
 from dpt.config.models import MODELS
 from dpt.config.monitor import MonitorConfig
@@ -36,6 +37,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
 
 # Each config group's options and their schemas (`schema/<group>/<option>` in the ConfigStore).

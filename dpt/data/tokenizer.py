@@ -24,10 +24,14 @@ class Tokenizer:
     name: str
     vocab_size: int
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        """`special=False`: without the special tokens the tokenizer adds around a text (a
+        Llama's BOS): a chat template writes its own, and each of a row's pieces is encoded
+        alone (dpt/data/chat.py)."""
         raise NotImplementedError
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], special: bool = False) -> str:
+        """`special=True`: special tokens spelled out (`<|im_end|>`: where an answer ends)."""
         raise NotImplementedError
 
     def encode_array(self, text: str, dtype: str) -> np.ndarray:
@@ -49,10 +53,10 @@ class ByteTokenizer(Tokenizer):
 
     name, vocab_size = BYTES, 256
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        return list(text.encode("utf-8"))  # no special tokens
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], special: bool = False) -> str:
         return bytes(ids).decode("utf-8", errors="replace")
 
     def encode_array(self, text: str, dtype: str) -> np.ndarray:
@@ -97,11 +101,11 @@ class FileTokenizer(Tokenizer):
             ) from error
         self.vocab_size = self.impl.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        return self.impl.encode(text).ids
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        return self.impl.encode(text, add_special_tokens=special).ids
 
-    def decode(self, ids: list[int]) -> str:
-        return self.impl.decode(ids)
+    def decode(self, ids: list[int], special: bool = False) -> str:
+        return self.impl.decode(ids, skip_special_tokens=not special)
 
     def fingerprint(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from dpt.config.datasets import ShardsConfig, TextConfig, declared_targets
+from dpt.config.datasets import ChatConfig, ShardsConfig, TextConfig, declared_targets
 from dpt.config.models import INIT_KEY, HFModelConfig
 from dpt.config.strategies import PipelineConfig
 from dpt.config.tasks import CUSTOM, task_kind
@@ -34,10 +34,19 @@ def needs_building(cfg: DictConfig) -> bool:
         or task_kind(cfg.task) == CUSTOM
         or declared_targets(cfg.dataset) is None
         or not is_own_model(cfg.model)
-        or schema is TextConfig  # its tokens, cached for the ranks; the model's vocabulary
+        or schema in (TextConfig, ChatConfig)  # its tokens; the model's vocabulary
         or OmegaConf.get_type(cfg.model) is HFModelConfig  # its folder, its Auto class
         or cfg.model.get(INIT_KEY) is not None  # do its initial weights fit it?
+        or _names_parameters(cfg)  # do its patterns match the model's parameters?
     )
+
+
+def _names_parameters(cfg: DictConfig) -> bool:
+    """`finetune` or `optimizer.groups` / `layer_decay` set: patterns of the model's names."""
+    finetune, optimizer = cfg.get("finetune") or {}, cfg.get("optimizer") or {}
+    lora = finetune.get("lora") or {}
+    return bool(finetune.get("freeze") or lora.get("rank") or optimizer.get("groups")
+                or optimizer.get("layer_decay") is not None)  # fmt: skip
 
 
 def check(cfg: DictConfig) -> None:
@@ -48,5 +57,6 @@ def check(cfg: DictConfig) -> None:
 
     # Resolved, as a rank gets them (dataset=text's block size reads the model's).
     groups = OmegaConf.create({group: OmegaConf.to_container(cfg[group], resolve=True)
-                               for group in ("dataset", "model", "task", "strategy")})  # fmt: skip
+                               for group in ("dataset", "model", "task", "strategy",
+                                             "optimizer", "finetune") if group in cfg})  # fmt: skip
     probe_fit(groups, cfg.trainer.seed)

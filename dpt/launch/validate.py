@@ -15,6 +15,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from dpt.config.checks import check_of
 from dpt.config.datasets import (
+    ChatConfig,
     CustomDatasetConfig,
     ImageFolderConfig,
     ShardsConfig,
@@ -66,7 +67,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_windows(cfg.dataset, cfg.model)  # first: its interpolation fails without a GPT
     _check_required(cfg)
     _check_known_keys(cfg)
-    for group in ("trainer", "checkpoint", "monitor", "scheduler", "dataset"):
+    for group in ("trainer", "checkpoint", "monitor", "scheduler", "dataset", "finetune"):
         check_fields(cfg[group], group)
     _validate_checkpoint(cfg.checkpoint)
     _validate_monitor(cfg.monitor, cfg.checkpoint)
@@ -84,6 +85,11 @@ def validate(cfg: DictConfig) -> None:
         _validate_fsdp(cfg.trainer)
     if OmegaConf.get_type(cfg.strategy) is PipelineConfig:
         _validate_pipeline(cfg.strategy, cfg.trainer, _world_size(cfg.launcher))
+        # Its schedule takes each micro-batch's mean loss, and its stages token ids alone.
+        _check(OmegaConf.get_type(cfg.dataset) is not ChatConfig, "strategy", "pipeline",
+               "dataset=chat is not trained in pipeline stages yet (its loss weighs answer "
+               "tokens across micro-batches, its packed windows carry positions); use ddp or "
+               "fsdp")  # fmt: skip
 
 
 def check_fields(node: Any, path: str) -> None:
@@ -113,7 +119,7 @@ def _validate_launcher(cfg: DictConfig) -> None:
 
 def _validate_windows(dataset: DictConfig, model: DictConfig) -> None:
     """A text's windows must fit the model's longest sequence (dataset=text, model=gpt)."""
-    if OmegaConf.get_type(dataset) is not TextConfig:
+    if OmegaConf.get_type(dataset) not in (TextConfig, ChatConfig):
         return
     if OmegaConf.select(dataset, "block_size", throw_on_resolution_failure=False) is None:
         raise ConfigError(
@@ -294,6 +300,8 @@ def is_own_model(model: DictConfig) -> bool:
 def _validate_optimizer(opt: DictConfig) -> None:
     """What torch's optimizers check in their constructors, reported before any rank starts."""
     check_fields(opt, "optimizer")
+    for i, group in enumerate(opt.get("groups") or []):
+        check_fields(group, f"optimizer.groups[{i}]")
     if "betas" in opt:
         betas = list(opt.betas)
         _check(len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas), "optimizer.betas", betas,
@@ -342,7 +350,7 @@ def _validate_outage(dataset: DictConfig, trainer: DictConfig, strategy: DictCon
 def _validate_dataset_paths(dataset: DictConfig) -> None:
     if OmegaConf.get_type(dataset) is ShardsConfig:
         _validate_shards_root(dataset.root)
-    elif OmegaConf.get_type(dataset) is TextConfig:  # a file, or a folder of them
+    elif OmegaConf.get_type(dataset) in (TextConfig, ChatConfig):  # a file, or a folder
         _check(Path(dataset.root).exists(), "dataset.root", dataset.root, "no such file or folder")
         tokenizer = dataset.tokenizer
         found = tokenizer in (None, BYTES) or tokenizer_file(tokenizer).is_file()

@@ -9,17 +9,34 @@ only pulls them towards zero without regularizing anything.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 
 def adamw_gpt(
-    params: Iterable[nn.Parameter], lr: float, weight_decay: float, betas: Sequence[float]
+    params: Iterable[nn.Parameter] | Iterable[dict[str, Any]],
+    lr: float,
+    weight_decay: float,
+    betas: Sequence[float],
 ) -> torch.optim.AdamW:
-    trainable = [p for p in params if p.requires_grad]
-    groups = [
-        {"params": [p for p in trainable if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0},
-    ]
+    """`params`: parameters, or dpt's groups of them (dpt/loop/param_groups.py: a group's own
+    lr and weight decay kept, the decay still on its matrices only)."""
+    groups: list[dict[str, Any]] = []
+    for group in _as_groups(params):
+        trainable = [p for p in group["params"] if p.requires_grad]
+        rest = {k: v for k, v in group.items() if k not in ("params", "weight_decay")}
+        decay = group.get("weight_decay", weight_decay)
+        groups += [
+            {**rest, "params": [p for p in trainable if p.dim() >= 2], "weight_decay": decay},
+            {**rest, "params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0},
+        ]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=tuple(betas))
+
+
+def _as_groups(params: Iterable[Any]) -> list[dict[str, Any]]:
+    items = list(params)
+    if items and isinstance(items[0], dict):
+        return items
+    return [{"params": items}]

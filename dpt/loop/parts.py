@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,8 +18,10 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from dpt.config.build import build, build_as
+from dpt.config.finetune import FinetuneConfig
 from dpt.config.models import INIT_KEY, HFModelConfig
 from dpt.config.monitor import MonitorConfig
+from dpt.config.optim import GROUP_KEYS
 from dpt.config.tasks import CLASSIFICATION, LANGUAGE_MODEL, task_kind
 from dpt.config.trainer import CheckpointConfig, TrainerConfig
 from dpt.contract import DataModule, input_dtype, output_names, targets_of, val_transform_node
@@ -27,12 +30,15 @@ from dpt.data.loaders import Loaders, ToDevice, build_loaders
 from dpt.distributed import DistEnv
 from dpt.errors import DptError
 from dpt.loggers import ONCE_LOGGER_NAME
+from dpt.loop import finetuning
 from dpt.loop.agreement import Agreement
 from dpt.loop.early_stopping import EarlyStopping
 from dpt.loop.evaluate import Validation
+from dpt.loop.param_groups import check_groups, param_groups
 from dpt.loop.precision import Precision
 from dpt.loop.strategy import Strategy
 from dpt.models import build_model, hf, token_flops
+from dpt.models.lora import init_lora
 from dpt.models.meta import output_shape
 from dpt.models.weights import fit_state, fitting
 from dpt.monitor.grad_diagnostics import GradDiagnostics
@@ -46,7 +52,7 @@ from dpt.seeding import seed_everything
 from dpt.state.best_model import BestModel
 from dpt.state.checkpoint import Checkpoints
 from dpt.state.model_state import model_shapes, read_model_state
-from dpt.state.results import HF_CONFIG_FILE, RunData
+from dpt.state.results import CHAT_FORMAT_FILE, HF_CONFIG_FILE, RunData
 from dpt.state.sharded_load import load_shards, materialize, safetensors_folder
 from dpt.tasks import fit
 from dpt.tasks.task import Task, build_task
@@ -63,13 +69,15 @@ class RunConfig:
     trainer: TrainerConfig
     checkpoint: CheckpointConfig
     monitor: MonitorConfig
+    finetune: FinetuneConfig
     groups: DictConfig  # model, dataset, strategy, optimizer, scheduler: `_target_` nodes
     yaml: str  # the whole resolved config, stored in checkpoints
 
     @classmethod
     def of(cls, cfg: DictConfig) -> RunConfig:
         return cls(_typed(TrainerConfig, cfg.trainer), _typed(CheckpointConfig, cfg.checkpoint),
-                   _typed(MonitorConfig, cfg.monitor), cfg, OmegaConf.to_yaml(cfg))  # fmt: skip
+                   _typed(MonitorConfig, cfg.monitor), finetuning.settings_of(cfg), cfg,
+                   OmegaConf.to_yaml(cfg))  # fmt: skip
 
 
 def _typed(schema: type[T], node: DictConfig) -> T:
@@ -105,6 +113,12 @@ class Parts:
     total_steps: int
     global_batch: int
     checkpoints: Checkpoints
+    trainable: str  # `2,048 of 96,512 parameters train (2.1 %)`: the start line's
+    # A LoRA run: checkpoints hold the adapters (and their optimizer state) alone.
+    adapter_only: bool = False
+    # Targets that leave positions out (dataset=chat): the loss weighs micro-batches and ranks
+    # by their scored positions (Trainer.scored_shares).
+    masked_targets: bool = False
     # A data set's `max_skipped_fraction` of an epoch's samples (dataset=shards): more samples
     # skipped in one epoch stop the run. None: no bound.
     max_skipped: int | None = None
@@ -135,14 +149,17 @@ def build_parts(
         model = build_model(groups.model, data.input_shape, task.num_outputs, t.compile, task.kind)
     if shards_from is None:
         initial_weights(groups.model, model, task.num_outputs)
+    finetuning.adapt(model, cfg.finetune)  # before the strategy: DDP sees what trains
+    trainable = finetuning.trainable_text(model)  # the whole model (a pipeline stage: a part)
     task.check(output_shape(model, data.input_shape, input_dtype(data)))  # before any step
     throughput = token_throughput(task, model, t, env)
     model = strategy.wrap(model if shards_from else model.to(env.device), env, t.precision)
     if shards_from is not None:
         load_sharded(model, shards_from, env.device, task.num_outputs)
+        init_lora(model)  # materialized by transformers' init: the adapters' own, anew
     if t.compile:
         model = torch.compile(model)
-    optimizer = build(groups.optimizer)(model.parameters())
+    optimizer = build_optimizer(groups.optimizer, model)
     total_steps = planned_steps(loaders, t, env.world_size)
     check_log_interval(t.log_every_n_steps, total_steps)
     scheduler = build(groups.scheduler)(optimizer, total_steps=total_steps)
@@ -173,8 +190,21 @@ def build_parts(
         total_steps=total_steps,
         global_batch=loaders.global_batch(t.grad_accum_steps),
         checkpoints=Checkpoints(run_dir, env, cfg.checkpoint.keep, cfg.yaml),
+        trainable=trainable,
+        adapter_only=finetuning.uses_lora(cfg.finetune),
+        masked_targets=bool(getattr(data, "masks_targets", False)),
         max_skipped=max_skipped(data),
     )  # fmt: skip
+
+
+def build_optimizer(node: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer on the parameters that train, in `optimizer.groups`' groups (with
+    `optimizer.layer_decay`'s learning rates), its other keys its target's."""
+    values = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(values, dict)
+    groups, layer_decay = (values.pop(key, None) for key in GROUP_KEYS)
+    chosen = [OmegaConf.create(g) for g in groups or []]
+    return build(OmegaConf.create(values))(param_groups(model, chosen, layer_decay, values["lr"]))
 
 
 def max_skipped(data: DataModule) -> int | None:
@@ -217,6 +247,10 @@ def probe_fit(groups: DictConfig, seed: int) -> None:
     task.check(None if model is None else output_shape(model, data.input_shape, input_dtype(data)))
     if model is not None:  # do the initial weights fit it (shapes only)?
         initial_weights(groups.model, model, task.num_outputs, load=False)
+        finetuning.adapt(model, finetuning.settings_of(groups))  # its patterns match?
+        optimizer = groups.get("optimizer") or {}
+        check_groups(model, [g.match for g in optimizer.get("groups") or []],
+                     optimizer.get("layer_decay"))  # fmt: skip
     if model is not None and "strategy" in groups:  # does it cut into its stages (pipeline)?
         build(groups.strategy).check(model)
 
@@ -266,13 +300,17 @@ def _meta_model(node: DictConfig, data: DataModule, task: Task) -> nn.Module | N
 
 
 def run_files(data: DataModule, model: nn.Module) -> dict[str, bytes]:
-    """What the run keeps beside data.json: the data set's tokenizers file, and a transformers
-    model's config (dpt-generate and dpt-export rebuild the model from it, not from its folder)."""
+    """What the run keeps beside data.json: the data set's tokenizers file, a transformers
+    model's config (dpt-generate and dpt-export rebuild the model from it, not from its folder),
+    and how dataset=chat made text of its rows (dpt-generate renders a prompt so)."""
     tokenizer = getattr(data, "tokenizer", None)
     text = getattr(tokenizer, "text", None)
     files = {} if text is None else {tokenizer.describe()["file"]: text.encode()}
     if hf.is_transformers_model(model):
         files[HF_CONFIG_FILE] = model.config.to_json_string().encode()
+    chat = getattr(data, "chat_format", None)
+    if chat is not None:
+        files[CHAT_FORMAT_FILE] = json.dumps(chat.describe(), indent=2).encode()
     return files
 
 

@@ -170,7 +170,7 @@ def _log_start(parts: Parts) -> None:
         f"pid {os.getpid()} | strategy={parts.strategy.name}{parts.strategy.layout()} | world "
         f"size {env.world_size} | device {env.device} | backend {backend} | precision "
         f"{settings.precision} | batch per {holder} {settings.batch_size}{accum_text} | global "
-        f"batch {parts.global_batch} | "
+        f"batch {parts.global_batch} | {parts.trainable} | "
         f"{run_length(settings, parts.total_steps, parts.loaders.steps_per_epoch(accum))}"
     )
 

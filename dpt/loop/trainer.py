@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from dpt.data.loaders import Batch
 from dpt.data.position import DataPosition
@@ -24,6 +25,7 @@ from dpt.errors import one_line
 from dpt.loop import reactions, resume_apply
 from dpt.loop.agreement import Agreed, NonFiniteLoss, Payload
 from dpt.loop.interrupt import DataStopped, Interrupted, StopRequest, stop_on_signals
+from dpt.loop.param_groups import group_lrs
 from dpt.loop.parts import Parts
 from dpt.loop.reactions import RolledBack
 from dpt.loop.strategy import skip_gradient_sync
@@ -36,6 +38,7 @@ from dpt.state.stateful import (
     Progress,
     RNGState,
 )
+from dpt.targets import IGNORE_INDEX
 
 
 @dataclass
@@ -110,7 +113,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         if ends_window:
-            self.metrics.set_lr(self.scheduler.get_last_lr()[0])
+            self.metrics.set_lr(group_lrs(self.optimizer))
         self.progress.step += 1
         self.position.sample += self.global_batch
         if agreed is not None:
@@ -132,6 +135,7 @@ class Trainer:
         """Gradients summed over the micro-batches; returns the loss (on the device) and this
         rank's own work time: until its last backward, where ddp waits for the other ranks."""
         losses, work_s = [], 0.0
+        scales = self.scored_shares(micro_batches)
         for i, (inputs, targets, _) in enumerate(micro_batches):
             inputs, targets = self.parts.to_device(inputs), self.parts.to_device(targets)
             last = i == len(micro_batches) - 1
@@ -142,13 +146,31 @@ class Trainer:
                     # A micro-batch of only unreadable images: a zero loss, so that ddp's
                     # all-reduce still runs on every rank (this rank adds zero gradients).
                     loss = self.task.loss(outputs, targets) if len(targets) else outputs.sum() * 0.0
-                if len(micro_batches) > 1:
+                if scales is not None:
+                    loss = loss * scales[i]
+                elif len(micro_batches) > 1:
                     loss = loss / len(micro_batches)  # the mean over the whole batch
                 if last:
                     work_s = time.perf_counter() - step_start
                 self.precision.backward(loss)
             losses.append(loss.detach())
         return (losses[0] if len(losses) == 1 else torch.stack(losses).sum()), work_s
+
+    def scored_shares(self, micro_batches: list[Batch]) -> torch.Tensor | None:
+        """Targets that leave positions out (dataset=chat: IGNORE_INDEX outside the answers):
+        each micro-batch's loss (a mean over its scored positions) weighed by its count of them
+        over the step's, world-wide (one small all-reduce), so that the step's loss is the mean
+        per scored token of the global batch, as one process on it has it. A mean of the ranks'
+        means would weigh a token by how few its rank holds. None: equal shares."""
+        if not self.parts.masked_targets:
+            return None
+        env = self.parts.env
+        counts = torch.stack([(b.targets != IGNORE_INDEX).sum() for b in micro_batches])
+        counts = counts.to(env.device, torch.float32)
+        total = counts.sum()
+        if env.world_size > 1:  # ddp averages the ranks' gradients: their shares add up
+            dist.all_reduce(total)
+        return counts * env.world_size / total.clamp(min=1)
 
     # --- agreement: the one collective per window (or per several short ones) ------------------
 
@@ -320,7 +342,7 @@ class Trainer:
             "monitor": self.monitor.history,  # kept by a rollback: what the run went through
         }
         return {
-            "model": ModelState(self.model),
+            "model": ModelState(self.model, trainable_only=self.parts.adapter_only),
             "optimizer": OptimizerState(self.model, self.optimizer),
             **{name: PlainState(part) for name, part in plain.items()},
             "rng": self.rng,

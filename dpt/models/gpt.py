@@ -18,6 +18,7 @@ from torch.nn import functional as F
 
 from dpt.config.models import GELU_APPROXIMATIONS
 from dpt.errors import DptError
+from dpt.models import packed
 
 
 class SelfAttention(nn.Module):
@@ -31,14 +32,16 @@ class SelfAttention(nn.Module):
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.proj_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`mask`: packed examples' attention (dpt.models.packed); None: causal."""
         batch, steps, width = x.shape
         q, k, v = self.qkv(x).split(width, dim=2)
         heads = [t.view(batch, steps, self.n_head, width // self.n_head).transpose(1, 2)
                  for t in (q, k, v)]  # fmt: skip
         y = F.scaled_dot_product_attention(
-            *heads, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )
+            *heads, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+            is_causal=mask is None,
+        )  # fmt: skip
         y = y.transpose(1, 2).contiguous().view(batch, steps, width)
         return self.proj_dropout(self.proj(y))
 
@@ -69,8 +72,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
         self.mlp = FeedForward(n_embd, dropout, bias, gelu)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -116,19 +119,28 @@ class GPT(nn.Module):
                 nn.init.normal_(parameter, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.embed(idx)
-        for block in self.h:
-            x = block(x)
+        """Token ids (B, T), or packed examples' ids and positions (B, 2, T)."""
+        tokens, positions = packed.split(idx)
+        x = self.embed(tokens, positions)
+        if positions is None:
+            for block in self.h:
+                x = block(x)
+        else:  # each example attends to itself alone
+            mask = packed.attention_mask(positions)
+            for block in self.h:
+                x = block(x, mask)
         return self.head(x)
 
-    def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) -> the first block's input (B, T, n_embd); a pipeline's first stage."""
+    def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids (B, T) -> the first block's input (B, T, n_embd); a pipeline's first stage.
+        `positions`: each token's (packed examples'); None: 0 .. T - 1."""
         steps = idx.shape[1]
         if steps > self.block_size:
             raise DptError(
                 f"a sequence of {steps} tokens is longer than model.block_size={self.block_size}"
             )
-        positions = torch.arange(steps, device=idx.device)
+        if positions is None:
+            positions = torch.arange(steps, device=idx.device)
         return self.drop(self.wte(idx) + self.wpe(positions))
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from torch import nn
 
 from dpt.config.tasks import CUSTOM, LANGUAGE_MODEL, TASKS
 from dpt.errors import DptError
+from dpt.models import packed
 
 HF_CONFIG = "config.json"  # what makes a folder a transformers model's
 REMOTE_CODE_KEY = "auto_map"  # a config.json key naming the folder's own Python classes
@@ -57,6 +58,7 @@ def pretrained(
     hf_config.use_cache = False  # training: no key/value cache to build at every forward
     model = _build(auto, hf_config, path, trust_remote_code)
     model.register_forward_hook(_logits)
+    model.register_forward_pre_hook(_packed_inputs, with_kwargs=True)
     model.block_size = block_size  # dpt-generate's context
     return model
 
@@ -142,6 +144,18 @@ def _build(auto: str, hf_config: Any, path: str | None, trust_remote_code: bool)
 
 def _on_meta() -> bool:
     return torch.empty(()).device.type == "meta"
+
+
+def _packed_inputs(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """Packed examples (B, 2, T: dataset=chat): the ids, and their positions, from which
+    transformers keeps each example's attention within itself (masking_utils'
+    find_packed_sequence_indices: a position that does not follow the one before starts one)."""
+    if not (args and isinstance(args[0], torch.Tensor) and args[0].dim() == packed.PACKED_DIMS):
+        return None
+    ids, positions = packed.split(args[0])
+    return (ids, *args[1:]), {**kwargs, "position_ids": positions}
 
 
 def _logits(module: nn.Module, args: Any, output: Any) -> Any:

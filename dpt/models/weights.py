@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from dpt.errors import DptError, torch_load_reason
+from dpt.models.lora import is_lora_key
 
 
 def load_weights(model: nn.Module, path: Path, label: str, num_classes: int) -> None:
@@ -100,7 +101,8 @@ def fitting(
 
     if isinstance(model, GPT) and is_gpt2_layout(state):
         state = from_gpt2(state, model)
-    own = model.state_dict()
+    # LoRA's adapters are the run's own (dpt.models.lora): no source holds them.
+    own = {k: v for k, v in model.state_dict().items() if not is_lora_key(k)}
     usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
     heads, tied = _head_keys(model, num_outputs), _tied_twins(model)
     missing = [k for k in own if k not in usable and tied.get(k) not in usable

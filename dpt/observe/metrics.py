@@ -58,6 +58,7 @@ class Window:
     step: int = 0
     epoch: int = 0
     lr: float = 0.0
+    group_lrs: dict[str, float] = field(default_factory=dict)  # several groups: each one's
     elapsed: float = 0.0
     wall_time: float = 0.0  # its events' stamp
     extra: dict[str, float] = field(default_factory=dict)  # e.g. CUDA memory at its end
@@ -249,9 +250,13 @@ class MetricsLogger:
         self._ended.append(window)
         self._open = Window()
 
-    def set_lr(self, lr: float) -> None:
-        """The learning rate logged with the window that just ended: the one going forward."""
-        self._ended[-1].lr = lr
+    def set_lr(self, lrs: dict[str, float]) -> None:
+        """The learning rates logged with the window that just ended, the ones going forward,
+        by the optimizer's group names: `optim/lr` (the first group's), and `optim/lr/<name>`
+        for each where there are several."""
+        window = self._ended[-1]
+        window.lr = next(iter(lrs.values()))
+        window.group_lrs = lrs if len(lrs) > 1 else {}
 
     def read_back(self) -> tuple[list[float], list[float]]:
         """The losses and gradient norms (none where none are kept) of the steps since the last
@@ -344,6 +349,7 @@ class MetricsLogger:
             "time/data_s": mine["data_s"] / steps,
             "time/work_s": mine["work_s"] / steps,
             "optim/lr": window.lr,
+            **{f"optim/lr/{name}": lr for name, lr in window.group_lrs.items()},
         }
         if window.clipped:  # mean pre-clip global norm over the window
             rank_scalars["optim/grad_norm"] = mine["grad_norm"] / steps

@@ -23,6 +23,9 @@ LAST_MODEL = "model.pt"
 BEST_MODEL = "model_best.pt"
 METRICS_FILE = "metrics.json"  # the run's results, written at its end
 HF_CONFIG_FILE = "hf_config.json"  # a transformers model's config (model=hf), kept to rebuild it
+# How dataset=chat made text of its rows (chat template, special tokens, or prompt template):
+# dpt-generate renders a prompt as training did.
+CHAT_FORMAT_FILE = "chat_format.json"
 
 
 @dataclass

@@ -14,6 +14,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from dpt.config.finetune import FinetuneConfig
+from dpt.config.models import INIT_KEY
 from dpt.config.tasks import BEFORE_TASKS
 from dpt.user_code import current_target
 
@@ -56,6 +58,7 @@ APPLIED = (
 )
 REFUSED = (
     ("trainer.seed", "that changes the data and the initial weights"),
+    ("finetune.", "that changes what trains, and what the checkpoint holds"),
     ("dataset.", "that changes the data"),
     ("model.", "that changes the model"),
     ("task.", "that changes what is learned and how it is measured"),
@@ -93,7 +96,19 @@ def flat(config_yaml: str) -> dict[str, Any]:
     _flatten(container if isinstance(container, dict) else {}, "", out)
     if not any(key.startswith("task.") for key in out):
         out.update({f"task.{key}": value for key, value in BEFORE_TASKS.items()})
+    for key, value in _added_later().items():  # a config of before them: their defaults
+        out.setdefault(key, value)
     return out
+
+
+def _added_later() -> dict[str, Any]:
+    """Keys added after checkpoints were written, with the values that mean what those runs
+    did (no initial weights, one group of parameters, everything trains)."""
+    added: dict[str, Any] = {f"model.{INIT_KEY}": None, "optimizer.groups": [],
+                             "optimizer.layer_decay": None}  # fmt: skip
+    defaults = OmegaConf.to_container(OmegaConf.structured(FinetuneConfig))
+    _flatten({"finetune": defaults}, "", added)
+    return added
 
 
 def _flatten(node: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:

@@ -54,16 +54,40 @@ def _state_dicts() -> ModuleType:
 class ModelState:
     """The model's weights without its wrappers (DDP, DataParallel, torch.compile), so one
     checkpoint loads under every strategy. DCP's state-dict functions work on the unwrapped module
-    in one process too, and are where sharded models (FSDP) will plug in."""
+    in one process too, and are where sharded models (FSDP) will plug in. `trainable_only`: the
+    parameters that train alone (a LoRA run's adapters: its base is rebuilt from the config)."""
 
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
+    def __init__(self, model: nn.Module, trainable_only: bool = False) -> None:
+        self.model, self.trainable_only = model, trainable_only
+
+    def _options(self) -> Any:
+        only = self.trainable_only
+        return _state_dicts().StateDictOptions(ignore_frozen_params=only, strict=not only)
 
     def state_dict(self) -> dict[str, Any]:
-        return _state_dicts().get_model_state_dict(unwrap(self.model))
+        state = _state_dicts().get_model_state_dict(unwrap(self.model), options=self._options())
+        if self.trainable_only:  # a frozen parameter's second name too (a GPT's tied head)
+            frozen = _frozen_names(unwrap(self.model))
+            state = {k: v for k, v in state.items() if k not in frozen}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _state_dicts().set_model_state_dict(unwrap(self.model), state)
+        _state_dicts().set_model_state_dict(unwrap(self.model), state, options=self._options())
+
+
+# Wrappers' parts of a parameter's name that state dicts leave out (recomputation, compile).
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def _frozen_names(model: nn.Module) -> set[str]:
+    """The names, every one of a shared parameter, of the parameters that do not train."""
+    names = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if not p.requires_grad:
+            for part in _WRAPPER_PARTS:
+                name = name.replace(part, "")
+            names.add(name)
+    return names
 
 
 def full_state_dict(model: nn.Module) -> dict[str, Any]:

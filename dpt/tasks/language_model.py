@@ -1,6 +1,7 @@
 """`task=language_model`: next-token prediction. The model gives logits (B, T, V) for token ids
-(B, T); the target is the same window one token later (B, T). Cross-entropy over every
-position; validation's loss and perplexity (exp of the mean cross-entropy per token)."""
+(B, T); the target is the same window one token later (B, T). Cross-entropy over the scored
+positions (every one, but those whose target is IGNORE_INDEX: dataset=chat's outside the
+answers); validation's loss and perplexity per scored token."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from dpt.targets import IGNORE_INDEX
 from dpt.tasks.task import Task
 
 
 class LanguageModel(Task):
     def __init__(self, **common: Any) -> None:
         super().__init__(**common)
-        self.criterion = nn.CrossEntropyLoss()
-        self.per_token = nn.CrossEntropyLoss(reduction="none")
+        self.criterion = nn.CrossEntropyLoss(ignore_index=IGNORE_INDEX)
+        self.per_token = nn.CrossEntropyLoss(reduction="none", ignore_index=IGNORE_INDEX)
 
     @property
     def tokens_per_sample(self) -> int:
@@ -27,13 +29,18 @@ class LanguageModel(Task):
         return self.criterion(outputs.flatten(0, 1), targets.flatten())
 
     def sample_losses(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        losses = self.per_token(outputs.flatten(0, 1), targets.flatten())
-        return losses.view(targets.shape).mean(dim=1)  # every sample has T positions
+        """Each sample's mean over its scored positions (0 where it has none)."""
+        losses = self.per_token(outputs.flatten(0, 1), targets.flatten()).view(targets.shape)
+        return losses.sum(dim=1) / self.sample_weights(targets).clamp(min=1)
+
+    def sample_weights(self, targets: torch.Tensor) -> torch.Tensor:
+        """Its scored positions: validation's loss is then the mean per scored token."""
+        return (targets != IGNORE_INDEX).sum(dim=1).float()
 
     def metrics(self) -> dict[str, Any]:
         from torchmetrics.text import Perplexity
 
-        return self.named(Perplexity())
+        return self.named(Perplexity(ignore_index=IGNORE_INDEX))
 
     def predict(self, outputs: torch.Tensor) -> torch.Tensor:
         """The next token's probabilities after each sequence (its last position)."""

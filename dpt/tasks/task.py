@@ -67,6 +67,12 @@ class Task:
         with the batch's size)."""
         return self.loss(outputs, targets)
 
+    def sample_weights(self, targets: torch.Tensor) -> torch.Tensor | None:
+        """What each sample's loss counts for in validation's mean: None, one each. A task
+        whose samples hold different numbers of scored positions (a language model's answers)
+        weighs each by them, so that the mean is per position."""
+        return None
+
     def metrics(self) -> dict[str, Any]:
         """Fresh torchmetrics objects, by name (reported as val/<name>)."""
         return {}
