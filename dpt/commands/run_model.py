@@ -336,14 +336,12 @@ def with_base(
             "the weights hold the run's LoRA adapters alone, and its config names no base "
             "weights (model.init_from, model.path) to put them on: use model_best.pt or model.pt"
         )
-    from dpt.models.weights import fitting
+    from dpt.models.weights import fitting, tied_twins
     from dpt.state.model_state import read_model_state
 
     key = f"the run's base weights ({lora.base})"
     whole = {**fitting(model, read_model_state(Path(lora.base), key), key, num_outputs), **state}
-    first: dict[int, str] = {}  # a tied copy (GPT's head, the embedding's matrix): its twin's
-    for name, p in model.named_parameters(remove_duplicate=False):
-        twin = first.setdefault(id(p), name)
+    for name, twin in tied_twins(model).items():  # a tied copy (GPT's head): its twin's tensor
         if name not in whole and twin in whole:
             whole[name] = whole[twin]
     return whole

@@ -117,9 +117,8 @@ def evaluate(
         losses = task.sample_losses(outputs, targets)
         # One per sample (weighed by the task, e.g. by its scored tokens), or the batch's mean
         # (a custom loss), counted once per sample.
-        weights = task.sample_weights(targets) if losses.dim() else None
-        weight = (1.0 if losses.dim() else float(len(targets))) if weights is None else weights
-        collection["loss"].update(losses, weight=weight)
+        weight = task.sample_weights(targets) if losses.dim() else float(len(targets))
+        collection["loss"].update(losses, weight=1.0 if weight is None else weight)
         collection["samples"].update(torch.tensor(float(len(targets))))
         task.update(own, outputs, targets)
     for _ in range(padding):

@@ -69,6 +69,16 @@ def _compiled_module_type() -> type | tuple[()]:
     return eval_frame.OptimizedModule if eval_frame is not None else ()
 
 
+# Wrappers' parts of a module's name (activation checkpointing, fsdp 1, torch.compile): left out
+# of the bare model's names, as state dicts and weight files name its tensors.
+WRAPPER_PARTS = frozenset({"_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_orig_mod"})
+
+
+def bare_name(name: str) -> str:
+    """A wrapped module's or tensor's name as the bare model has it."""
+    return ".".join(part for part in name.split(".") if part not in WRAPPER_PARTS)
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's module inside DataParallel / DistributedDataParallel / torch.compile."""
     while True:

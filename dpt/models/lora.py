@@ -29,9 +29,6 @@ from dpt.errors import DptError
 A, B, DROPOUT, SCALING = "lora_A", "lora_B", "lora_dropout", "lora_scaling"
 SEED = 0x10A  # the adapters' init, with each layer's name: the same on every rank and run
 SUFFIXES = (f".{A}.weight", f".{B}.weight")
-# Wrappers' names between a model's modules (activation checkpointing, fsdp 1, compile): left
-# out of the name that seeds a layer's adapter, which is the bare model's.
-WRAPPER_PARTS = frozenset({"_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_orig_mod"})
 LAYERS_SHOWN = 8  # linear layers' names shown where a pattern matches none
 
 
@@ -47,10 +44,12 @@ def add_lora(
     chosen = _chosen(linears, targets)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
+    from dpt.models import bare_name  # dpt.models imports this module's users
+
     for name in chosen:
         layer = linears[name]
         _attach(layer, rank, alpha / rank, dropout)
-        _init_adapter(_bare_name(name), getattr(layer, A).weight, getattr(layer, B).weight)
+        _init_adapter(bare_name(name), getattr(layer, A).weight, getattr(layer, B).weight)
     return chosen
 
 
@@ -106,15 +105,11 @@ def _add_adapter(layer: nn.Module, args: tuple[Any, ...], output: torch.Tensor) 
 def init_lora(model: nn.Module) -> None:
     """Every adapter of `model` (possibly wrapped, its parameters possibly fsdp's DTensors)
     drawn anew: `lora_A` from its layer's name, `lora_B` zero. Nothing on the meta device."""
-    from dpt.models import unwrap
+    from dpt.models import bare_name, unwrap
 
     for name, layer in unwrap(model).named_modules():
         if isinstance(getattr(layer, A, None), nn.Module):
-            _init_adapter(_bare_name(name), getattr(layer, A).weight, getattr(layer, B).weight)
-
-
-def _bare_name(name: str) -> str:
-    return ".".join(part for part in name.split(".") if part not in WRAPPER_PARTS)
+            _init_adapter(bare_name(name), getattr(layer, A).weight, getattr(layer, B).weight)
 
 
 @torch.no_grad()

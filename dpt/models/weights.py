@@ -104,7 +104,7 @@ def fitting(
     # LoRA's adapters are the run's own (dpt.models.lora): no source holds them.
     own = {k: v for k, v in model.state_dict().items() if not is_lora_key(k)}
     usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-    heads, tied = _head_keys(model, num_outputs), _tied_twins(model)
+    heads, tied = _head_keys(model, num_outputs), tied_twins(model)
     missing = [k for k in own if k not in usable and tied.get(k) not in usable
                and not _is_fresh_head(k, own, state, heads, num_outputs)]  # fmt: skip
     unexpected = [k for k in state if k not in own]
@@ -115,7 +115,7 @@ def fitting(
     return usable  # a tied copy is its twin's tensor: loaded with it
 
 
-def _tied_twins(model: nn.Module) -> dict[str, str]:
+def tied_twins(model: nn.Module) -> dict[str, str]:
     """Each parameter name that is another's parameter (tied): the first name."""
     first: dict[int, str] = {}
     twins = {name: first.setdefault(id(p), name)

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dpt.models import bare_name
 from dpt.state.model_state import SAFETENSORS_SUFFIX, safetensors_files, stored_shapes
 
 SAFETENSORS_GLOB = f"*{SAFETENSORS_SUFFIX}"
@@ -53,13 +54,10 @@ def load_shards(model: nn.Module, folder: Path, keys: set[str]) -> None:
               for key in stored_shapes([file])}  # fmt: skip
     with torch.no_grad():
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            key = name.replace(WRAPPED, "")  # recomputation's wrapper: not in the files' names
+            key = bare_name(name)  # recomputation's wrapper: not in the files' names
             if key in keys:
                 with safe_open(str(owners[key]), framework="pt") as opened:
                     _copy_own_rows(tensor, opened.get_slice(key))
-
-
-WRAPPED = "_checkpoint_wrapped_module."  # activation checkpointing's wrapper, in module names
 
 
 def _copy_own_rows(tensor: torch.Tensor, stored: object) -> None:

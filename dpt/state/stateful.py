@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpt.models import unwrap
+from dpt.models import bare_name, unwrap
 
 
 @dataclass
@@ -75,19 +75,11 @@ class ModelState:
         _state_dicts().set_model_state_dict(unwrap(self.model), state, options=self._options())
 
 
-# Wrappers' parts of a parameter's name that state dicts leave out (recomputation, compile).
-_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
-
-
 def _frozen_names(model: nn.Module) -> set[str]:
-    """The names, every one of a shared parameter, of the parameters that do not train."""
-    names = set()
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if not p.requires_grad:
-            for part in _WRAPPER_PARTS:
-                name = name.replace(part, "")
-            names.add(name)
-    return names
+    """The names, every one of a shared parameter, of the parameters that do not train (as
+    state dicts name them: without the wrappers' parts)."""
+    return {bare_name(name) for name, p in model.named_parameters(remove_duplicate=False)
+            if not p.requires_grad}  # fmt: skip
 
 
 def full_state_dict(model: nn.Module) -> dict[str, Any]:
