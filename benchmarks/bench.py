@@ -21,7 +21,10 @@ hand-written loop of the same model and data, single and ddp, and dpt's tokens/s
 rank under ddp and fsdp; writes only its own section of the report), `pipeline_parallel` (not
 run by default: a GPT on 2 pipeline stages under gpipe and 1f1b with 1, 2, 4 micro-batches, per
 step time, each stage's measured bubble against (p-1)/(m+p-1), the state per stage against one
-process; writes only its own section). benchmarks/README.md says more.
+process; writes only its own section), `tensor_parallel` (not run by default: the same GPT with
+every layer split over 2 ranks by `strategy.tensor_parallel=2`, against one process: per step
+time, each rank's state against one process's, the collectives' time per step from
+torch.profiler; writes only its own section). benchmarks/README.md says more.
 
 Every comparison alternates its contenders run by run (A, B, A, B, ...) and reports medians and
 paired ratios: on a shared machine single absolute times say little. Runs go to a temporary
@@ -51,15 +54,16 @@ from benchmarks import (
     pipeline_parallel,
     startup,
     sync,
+    tensor_parallel,
 )
 from benchmarks.report import document
 from benchmarks.runner import REPO, RunError, Say
 
 SECTIONS = (
     "loops", "startup", "pipeline", "sync", "gpu", "memory", "monitor", "baseline", "gpt",
-    "pipeline_parallel",
+    "pipeline_parallel", "tensor_parallel",
 )  # fmt: skip
-DEFAULT_SECTIONS = SECTIONS[:5]  # memory, monitor, baseline, gpt, pipeline_parallel: on their own
+DEFAULT_SECTIONS = SECTIONS[:5]  # memory, monitor, baseline, gpt, the parallelisms: on their own
 REPORT = REPO / "docs"  # where a measurement's report goes: docs/performance.md, tracked
 SMOKE_REPORT = REPO / "outputs" / "benchmarks"  # a --quick or --smoke run's (git ignores outputs/)
 # Each section: (its arguments, a temporary folder, a progress printer) -> its results, by key.
@@ -74,6 +78,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Path, Say], dict[str, Any]]] = 
     "baseline": baseline.run,
     "gpt": gpt.run,
     "pipeline_parallel": pipeline_parallel.run,
+    "tensor_parallel": tensor_parallel.run,
 }
 # Where the classes in results saved with --save before the benchmarks were a package now live.
 _MOVED = {"bench_common": "benchmarks.runner", "bench_runs": "benchmarks.jobs"}

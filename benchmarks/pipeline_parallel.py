@@ -18,6 +18,7 @@ import contextlib
 import functools
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +76,11 @@ def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(output.flatten(0, 1), target.flatten())
 
 
-def _single(warmup: int, steps: int, shape: dict[str, int] = SHAPE) -> dict[str, Any]:
-    """The whole model in this process, one thread (as each rank has)."""
+def _single(
+    warmup: int, steps: int, shape: dict[str, int] = SHAPE, state: Callable[..., Any] | None = None
+) -> dict[str, Any]:
+    """The whole model in this process, one thread (as each rank has); `state`: what its row
+    says of the training state (its MB, by default)."""
     model = _model(shape)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     inputs, targets = _batch(shape)
@@ -97,7 +101,7 @@ def _single(warmup: int, steps: int, shape: dict[str, int] = SHAPE) -> dict[str,
         elapsed = time.perf_counter() - start
     finally:
         torch.set_num_threads(threads)
-    return {"step_s": elapsed / steps, "ranks": [_state_mb(model, optimizer)]}
+    return {"step_s": elapsed / steps, "ranks": [(state or _state_mb)(model, optimizer)]}
 
 
 def _rank(

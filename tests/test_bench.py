@@ -517,3 +517,116 @@ def test_pipeline_parallel_alone_replaces_only_its_part(tmp_path: Path) -> None:
     assert "1.02 with m=1, 0.72 with m=4" in text
     # the first stage's bubble with one micro-batch (0.51) is above the formula's 0.50
     assert "exceeds the formula's for gpipe m=1:" in text
+
+
+# --- the tensor_parallel section -----------------------------------------------------------------
+
+
+def _tensor_parallel() -> dict[str, Any]:
+    """What `--sections tensor_parallel` measures (numbers made up): 2 rounds each."""
+    state = {"params_mb": 9.25, "grads_mb": 9.25, "optimizer_mb": 9.25, "state_mb": 27.75}
+    calls = {f"_c10d_functional::{name}": n for name, n in (
+        ("all_gather_into_tensor", 27.0), ("all_reduce", 27.0), ("reduce_scatter_tensor", 26.0),
+        ("wait_tensor", 80.0))}  # fmt: skip
+
+    def run(step_s: float, collectives_s: float) -> dict[str, Any]:
+        rank = {"step_s": step_s, **state, "profiled_step_s": step_s, "replicated_mb": 0.1,
+                "collectives_s": collectives_s, "calls": calls}  # fmt: skip
+        return {"step_s": step_s, "ranks": [rank, {**rank, "collectives_s": collectives_s / 2}]}
+
+    whole = {"params_mb": 18.4, "grads_mb": 18.4, "optimizer_mb": 18.4, "state_mb": 55.2}
+    runs = {
+        "single": [{"step_s": 0.4, "ranks": [whole]}, {"step_s": 0.5, "ranks": [whole]}],
+        "tp=2": [run(0.8, 0.2), run(1.2, 0.3)],
+    }
+    return {"tensor_parallel": {
+        "runs": runs, "steps": 8, "degree": 2, "batch": 16,
+        "shape": {"n_layer": 6, "n_embd": 256, "n_head": 4, "block_size": 64},
+        "quick": False, "smoke": False, "rounds": 2, "date": "today", "duration_s": 120.0,
+        "load": ((1.0, 1.0, 1.0), (2.0, 2.0, 2.0)), "cores": 2,
+    }}  # fmt: skip
+
+
+def test_tensor_parallel_alone_replaces_only_its_part(tmp_path: Path) -> None:
+    from benchmarks.report import document
+
+    path = tmp_path / document.REPORT
+    path.write_text("# Performance\n\nthe rest, as it was\n")
+    document.write_marked(tmp_path, _pipeline_parallel())
+    document.write_marked(tmp_path, _tensor_parallel())
+    text = path.read_text()
+    before, section = text.split("<!-- /bench_pipeline_parallel -->\n\n", 1)
+    assert before.startswith("# Performance\n\nthe rest, as it was\n\n<!-- bench_pipeline_")
+    assert section.startswith(
+        "<!-- bench_tensor_parallel -->\n## 14. Tensor parallelism: memory per rank"
+    )
+    assert section.endswith("<!-- /bench_tensor_parallel -->\n")
+    assert "`python -m benchmarks --sections tensor_parallel --rounds 2`" in section
+    assert "load average (1, 5, 15 min) before 1.00, 1.00, 1.00, after 2.00" in section
+    # one process: ms per step, its own ratio, the state by kind; no collectives
+    assert "| one process | 450.0 (400.0-500.0) | 1.00 | 18.4 | 18.4 | 18.4 | 55.2 | 1.000 | - |" \
+        in section  # fmt: skip
+    # each rank: ms, the paired ratio (0.8/0.4, 1.2/0.5), state, its ratio, collectives, share
+    assert "| tp=2, rank 1 | 1,000.0 (800.0-1,200.0) | 2.20 (2.00-2.40) | 9.2 | 9.2 | 9.2 | " \
+        "27.8 | 0.503 | 250.0 (200.0-300.0) | 0.25 (0.25-0.25) |" in section  # fmt: skip
+    assert "| tp=2, rank 2 |" in section and "| 125.0 (100.0-150.0) | 0.12 (0.12-0.12) |" in section
+    assert "Each rank holds 0.503 of one process's training state" in section
+    assert "27 all-gathers, 26 reduce-scatters, 27 all-reduces and 80 waits" in section
+    assert "2.20x one process's (slower than one process)" in section
+
+    # Measured anew: its part replaced, the pipeline's and the rest as they were.
+    again = _tensor_parallel()
+    again["tensor_parallel"]["steps"] = 5
+    document.write_marked(tmp_path, again)
+    replaced = path.read_text()
+    assert replaced.replace("5 timed steps", "8 timed steps").replace(
+        "over 5 more steps", "over 8 more steps"
+    ) == text  # fmt: skip
+
+
+def test_tensor_parallel_is_a_section_of_its_own() -> None:
+    from benchmarks import bench
+
+    assert "tensor_parallel" in bench.SECTIONS and "tensor_parallel" in bench.RUNNERS
+    assert "tensor_parallel" not in bench.DEFAULT_SECTIONS
+    assert bench.parse_args(["--sections", "tensor_parallel"]).sections == ["tensor_parallel"]
+
+
+def test_collective_time_counts_each_call_once_inside_the_steps() -> None:
+    """The outermost collective inside a step, not the c10d op it calls, nor Gloo's thread's
+    transfer, nor a barrier between steps."""
+    from types import SimpleNamespace as Event
+
+    from benchmarks.tensor_parallel import STEP_EVENT, collective_time
+
+    step = Event(name=STEP_EVENT, cpu_parent=None, cpu_time_total=9e5)
+    backward = Event(name="autograd::engine::evaluate_function", cpu_parent=step,
+                     cpu_time_total=5e5)  # fmt: skip
+    gather = Event(name="_c10d_functional::all_gather_into_tensor", cpu_parent=step,
+                   cpu_time_total=1e5)  # fmt: skip
+    events = [
+        step, backward, gather,
+        Event(name="c10d::allgather_into_tensor_coalesced_", cpu_parent=gather, cpu_time_total=9e4),
+        Event(name="_c10d_functional::reduce_scatter_tensor", cpu_parent=backward,
+              cpu_time_total=2e5),
+        Event(name="_c10d_functional::wait_tensor", cpu_parent=step, cpu_time_total=5e4),
+        Event(name="gloo:all_gather", cpu_parent=None, cpu_time_total=8e4),  # Gloo's thread
+        Event(name="c10d::barrier", cpu_parent=None, cpu_time_total=3e5),  # between steps
+    ]  # fmt: skip
+    seconds, calls = collective_time(events)
+    assert seconds == pytest.approx(0.35)
+    assert calls == {"_c10d_functional::all_gather_into_tensor": 1,
+                     "_c10d_functional::reduce_scatter_tensor": 1,
+                     "_c10d_functional::wait_tensor": 1}  # fmt: skip
+
+
+def test_tensor_parallel_one_process_reports_its_state_by_kind() -> None:
+    from benchmarks.tensor_parallel import _single
+
+    tiny = {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 8}
+    result = _single(0, 1, tiny)
+    (state,) = result["ranks"]
+    assert result["step_s"] > 0
+    # SGD's momentum is one buffer per parameter: the three kinds are the same size
+    assert state["params_mb"] == state["grads_mb"] == state["optimizer_mb"] > 0
+    assert state["state_mb"] == pytest.approx(3 * state["params_mb"])

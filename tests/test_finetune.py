@@ -86,7 +86,7 @@ def test_layer_decay_gives_each_gpt_block_its_share_of_the_lr() -> None:
     lr_of = {id(p): g["lr"] for g in groups for p in g["params"]}
     named = dict(model.named_parameters())
     assert lr_of[id(named["wte.weight"])] == 0.5**4  # embeddings: below the first block
-    assert lr_of[id(named["h.0.attn.qkv.weight"])] == 0.5**3
+    assert lr_of[id(named["h.0.attn.q_proj.weight"])] == 0.5**3
     assert lr_of[id(named["h.2.mlp.fc.weight"])] == 0.5**1
     assert lr_of[id(named["ln_f.weight"])] == 1.0  # after the last block: the head's
     assert sorted(g["name"] for g in groups) == ["default@0", "default@1", "default@2",

@@ -111,7 +111,7 @@ def test_a_file_with_fewer_layers_is_refused_in_one_line(gpt2: tuple) -> None:
         from_gpt2(state, model)
     assert str(error.value) == (
         "GPT-2 weights do not fit model=gpt: missing h.2.ln_1.weight, h.2.ln_1.bias, "
-        "h.2.attn.qkv.weight and 9 more (n_layer=3, the file has 2 layers)"
+        "h.2.attn.q_proj.weight and 13 more (n_layer=3, the file has 2 layers)"
     )
 
 
@@ -121,8 +121,8 @@ def test_a_file_with_more_layers_is_refused_in_one_line(gpt2: tuple) -> None:
     with pytest.raises(DptError) as error:
         from_gpt2(state, _gpt(n_layer=1))
     assert str(error.value) == (
-        "GPT-2 weights do not fit model=gpt: unexpected h.1.attn.qkv.bias, h.1.attn.qkv.weight, "
-        "h.1.attn.proj.bias and 9 more (n_layer=1, the file has 2 layers)"
+        "GPT-2 weights do not fit model=gpt: unexpected h.1.attn.proj.bias, h.1.attn.proj.weight, "
+        "h.1.ln_1.bias and 13 more (n_layer=1, the file has 2 layers)"
     )
 
 

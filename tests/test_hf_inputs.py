@@ -52,7 +52,7 @@ def _cases(made: dict[str, Path]) -> dict[str, tuple[list[str], str]]:
         "keys that do not fit": (
             [*tiny_gpt, f"model.init_from={made['llama']}", *_text(made)],
             f"Error: model.init_from={made['llama']}: its weights do not fit the model (missing: "
-            "wte.weight, wpe.weight, h.0.ln_1.weight and 14 more; not in the model: "
+            "wte.weight, wpe.weight, h.0.ln_1.weight and 18 more; not in the model: "
             "model.embed_tokens.weight, model.layers.0.input_layernorm.weight, "
             "model.layers.0.mlp.down_proj.weight and 17 more)",
         ),

@@ -39,7 +39,7 @@ def gpt(seed: int = 0) -> GPT:
                bias=True).eval()  # fmt: skip
 
 
-def adapted_gpt(targets: tuple[str, ...] = ("qkv", "mlp.fc")) -> tuple[GPT, list[str]]:
+def adapted_gpt(targets: tuple[str, ...] = ("q_proj", "mlp.fc")) -> tuple[GPT, list[str]]:
     model = gpt()
     return model, add_lora(model, RANK, ALPHA, 0.0, targets)
 
@@ -59,7 +59,7 @@ def trained(model: nn.Module, steps: int = 3) -> nn.Module:
 def test_the_base_keeps_its_keys_and_only_the_adapters_train() -> None:
     base_keys = list(gpt().state_dict())
     model, names = adapted_gpt()
-    assert names == ["h.0.attn.qkv", "h.0.mlp.fc", "h.1.attn.qkv", "h.1.mlp.fc"]
+    assert names == ["h.0.attn.q_proj", "h.0.mlp.fc", "h.1.attn.q_proj", "h.1.mlp.fc"]
     keys = list(model.state_dict())
     assert [k for k in keys if not is_lora_key(k)] == base_keys
     assert sorted(k for k in keys if is_lora_key(k)) == sorted(
@@ -67,16 +67,21 @@ def test_the_base_keeps_its_keys_and_only_the_adapters_train() -> None:
     )
     train = sorted(n for n, p in model.named_parameters() if p.requires_grad)
     assert train == sorted(adapter_state(model.state_dict()))
-    assert model.h[0].attn.qkv.lora_A.weight.shape == (RANK, 32)
-    assert model.h[0].attn.qkv.lora_B.weight.shape == (96, RANK)
-    n_adapter = sum(RANK * (32 + out) for out in (96, 128)) * 2
+    assert model.h[0].attn.q_proj.lora_A.weight.shape == (RANK, 32)
+    assert model.h[0].attn.q_proj.lora_B.weight.shape == (32, RANK)
+    n_adapter = sum(RANK * (32 + out) for out in (32, 128)) * 2
     assert trainable_count(model) == (n_adapter, sum(p.numel() for p in gpt().parameters()) +
                                       n_adapter)  # fmt: skip
 
 
 def test_a_whole_name_pattern_chooses_the_layers_it_names() -> None:
-    assert adapted_gpt(("h.1.attn.*",))[1] == ["h.1.attn.qkv", "h.1.attn.proj"]
-    assert adapted_gpt(("h.*.attn.qkv",))[1] == ["h.0.attn.qkv", "h.1.attn.qkv"]
+    assert adapted_gpt(("h.1.attn.*",))[1] == [
+        "h.1.attn.q_proj",
+        "h.1.attn.k_proj",
+        "h.1.attn.v_proj",
+        "h.1.attn.proj",
+    ]
+    assert adapted_gpt(("h.*.attn.v_proj",))[1] == ["h.0.attn.v_proj", "h.1.attn.v_proj"]
 
 
 def test_the_adapted_model_starts_as_its_base_and_only_the_adapters_change() -> None:
@@ -106,11 +111,13 @@ def test_the_adapters_first_values_depend_on_the_layers_names_alone() -> None:
     one, _ = adapted_gpt()  # gpt() seeds its base: the global RNG differs below
     torch.manual_seed(2)
     two = gpt(seed=3)
-    add_lora(two, RANK, ALPHA, 0.0, ["qkv", "mlp.fc"])
+    add_lora(two, RANK, ALPHA, 0.0, ["q_proj", "mlp.fc"])
     first = adapter_state(one.state_dict())
     assert all(torch.equal(v, two.state_dict()[k]) for k, v in first.items())
-    assert first["h.0.attn.qkv.lora_A.weight"].abs().sum() > 0
-    assert not torch.equal(first["h.0.attn.qkv.lora_A.weight"], first["h.1.attn.qkv.lora_A.weight"])
+    assert first["h.0.attn.q_proj.lora_A.weight"].abs().sum() > 0
+    assert not torch.equal(
+        first["h.0.attn.q_proj.lora_A.weight"], first["h.1.attn.q_proj.lora_A.weight"]
+    )
     trained(one.train())
     init_lora(one)  # drawn anew: the same values again, B zero
     assert all(torch.equal(v, one.state_dict()[k]) for k, v in first.items())
@@ -138,7 +145,7 @@ def _sharded_rank(rank: int, world: int, port: int, out: Path) -> None:
             fully_shard(block)
         fully_shard(model)
         init_lora(model)
-        local = model.h[0].attn.qkv.lora_A.weight.to_local()
+        local = model.h[0].attn.q_proj.lora_A.weight.to_local()
         state = {k: v.full_tensor() for k, v in adapter_state(model.state_dict()).items()}
         torch.save({"state": state, "local_rows": local.shape[0]}, out / f"rank{rank}.pt")
 
@@ -163,10 +170,10 @@ def test_init_lora_draws_each_fsdp_shard_of_the_same_adapters(tmp_path: Path) ->
 
 def test_a_target_that_matches_no_linear_layer_is_one_line() -> None:
     with pytest.raises(DptError) as error:
-        adapted_gpt(("qkv", "q_proj"))
+        adapted_gpt(("q_proj", "qkv"))
     assert str(error.value) == (
-        "finetune.lora.targets: 'q_proj' matches no linear layer of the model (its linear "
-        "layers end in: qkv, proj, fc, lm_head)"
+        "finetune.lora.targets: 'qkv' matches no linear layer of the model (its linear "
+        "layers end in: q_proj, k_proj, v_proj, proj, fc, lm_head)"
     )
 
 
@@ -307,7 +314,7 @@ GPT_RUN = ["model=gpt", "model.block_size=8", "model.n_layer=2", "model.n_head=2
            "model.n_embd=32", "model.bias=true", "model.gelu=tanh", "task=language_model",
            "dataset=text", "optimizer=sgd", "optimizer.lr=0.5", "trainer.max_steps=4",
            "trainer.log_every_n_steps=2", "trainer.batch_size=8", "finetune.lora.rank=4",
-           "finetune.lora.alpha=8", "finetune.lora.targets=[qkv,mlp.fc]"]  # fmt: skip
+           "finetune.lora.alpha=8", "finetune.lora.targets=[q_proj,mlp.fc]"]  # fmt: skip
 
 
 def _gpt_of_run() -> GPT:
@@ -353,12 +360,12 @@ def test_dpt_export_writes_a_lora_run_merged_and_as_peft_adapters(
 
     run = lora_run["run"]
     adapted = _gpt_of_run()
-    add_lora(adapted, RANK, ALPHA, 0.0, ["qkv", "mlp.fc"])
+    add_lora(adapted, RANK, ALPHA, 0.0, ["q_proj", "mlp.fc"])
     adapted.load_state_dict(torch.load(run / "model_best.pt", weights_only=True))
     expected = _run_logits(adapted)
     base = torch.load(lora_run["base"], weights_only=True)
     assert all(torch.equal(adapted.state_dict()[k], v) for k, v in base.items())  # frozen
-    assert adapted.h[0].attn.qkv.lora_B.weight.abs().sum() > 0  # the adapters trained
+    assert adapted.h[0].attn.q_proj.lora_B.weight.abs().sum() > 0  # the adapters trained
     assert (_run_logits(Predictor.from_run(run).model) - expected).abs().max() < 1e-6
     for to in ("hf", "safetensors", "peft"):
         export.main([str(run), "--to", to, str(tmp_path / to)])
@@ -389,7 +396,7 @@ def test_a_lora_checkpoint_is_exported_on_the_runs_base(
     run = lora_run["run"]
     checkpoint = committed_checkpoints(run)[-1]
     held = read_model_state(checkpoint, "checkpoint")
-    assert "h.0.attn.qkv.lora_A.weight" in held and "h.0.attn.qkv.weight" not in held
+    assert "h.0.attn.q_proj.lora_A.weight" in held and "h.0.attn.q_proj.weight" not in held
     export.main([str(run), "--to", "safetensors", "--checkpoint", str(checkpoint),
                  str(tmp_path / "from_checkpoint")])  # fmt: skip
     export.main([str(run), "--to", "safetensors", "--last", str(tmp_path / "final")])

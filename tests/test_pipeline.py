@@ -82,7 +82,7 @@ def test_a_stage_holds_its_units_under_the_whole_models_names() -> None:
     first, last = plan(model, 2, None)
     head = stage_model(model, last)
     names = set(head.state_dict())
-    assert {"h.1.attn.qkv.weight", "ln_f.weight", "lm_head.weight"} <= names
+    assert {"h.1.attn.q_proj.weight", "ln_f.weight", "lm_head.weight"} <= names
     assert not any(name.startswith(("h.0.", "wpe")) for name in names)
     # The head's matrix is the token embedding's: the last stage keeps it under its first name
     # (the optimizer's state is keyed by it), the embedding's lookup is not run there.

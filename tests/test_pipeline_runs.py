@@ -1,9 +1,9 @@
 """strategy=pipeline trained for real on the same global batch as one process: 2 stages under
-gpipe and 1f1b, 2 stages x 2 ddp replicas (4 ranks), on the MLP and the tiny GPT (whose head
-shares its embedding's matrix across the stages); a run stopped on 2 stages and resumed on 1
-process, and one stopped on 1 process and resumed on 2 stages, end with the uninterrupted
-weights; validation, model_best.pt and dpt-predict see the whole model; each stage logs its
-compute time, idle time and bubble.
+gpipe and 1f1b, 2 stages x 2 ddp replicas (4 ranks: every schedule at 2 and 4 micro-batches),
+on the MLP and the tiny GPT (whose head shares its embedding's matrix across the stages); a run
+stopped on 2 stages and resumed on 1 process, and one stopped on 1 process and resumed on 2
+stages, end with the uninterrupted weights; validation, model_best.pt and dpt-predict see the
+whole model; each stage logs its compute time, idle time and bubble.
 
 The pipeline runs share two spawned worlds (2 and 4 ranks: one start-up each) and run through
 the rank's own run function (`dpt.loop.train.train`: model.pt, data.json, metrics.json as a
@@ -25,7 +25,6 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from dpt.launch.launchers import resolved
-from dpt.launch.worker import run_worker
 from tests.helpers import (
     committed_checkpoints,
     compose,
@@ -34,8 +33,8 @@ from tests.helpers import (
     joined_world,
     load_weights,
     max_abs_diff,
-    one_thread,
     rank_pid,
+    run_here,
     run_until,
 )
 
@@ -61,16 +60,35 @@ def gpt(folder: Path) -> list[str]:
             f"trainer.max_steps={STEPS}"]  # fmt: skip
 
 
-def pipeline(ranks: int, schedule: str = "1f1b") -> list[str]:
-    return ["strategy=pipeline", f"strategy.schedule={schedule}", "strategy.microbatches=4",
+def pipeline(ranks: int, schedule: str = "1f1b", microbatches: int = 4) -> list[str]:
+    return ["strategy=pipeline", f"strategy.schedule={schedule}",
+            f"strategy.microbatches={microbatches}",
             f"trainer.batch_size={GLOBAL_BATCH * 2 // ranks}"]  # fmt: skip
+
+
+# The MLP on 2 stages x 2 ddp replicas: every schedule (interleaved: 2 stages a rank) at 2 and 4
+# micro-batches (gpipe, and 1f1b at 2, run several forwards before a backward: DDP could not).
+DDP_SCHEDULES = [(s, m) for s in ("gpipe", "1f1b", "interleaved_1f1b") for m in (2, 4)]
+
+
+def ddp_run(schedule: str, microbatches: int) -> str:
+    """The run's folder; `mlp-2x2` (1f1b x 4, the defaults) is also validation's 4-rank run."""
+    if (schedule, microbatches) == ("1f1b", 4):
+        return "mlp-2x2"
+    return f"mlp-2x2-{schedule}-{microbatches}"
+
+
+def _ddp_mlp(schedule: str, microbatches: int) -> list[str]:
+    virtual = ["strategy.stages_per_rank=2"] if schedule == "interleaved_1f1b" else []
+    return [*MLP, *OFF, *pipeline(4, schedule, microbatches), "strategy.data_parallel=ddp",
+            *virtual]  # fmt: skip
 
 
 def _world_runs(out: Path, world: int) -> dict[str, list[str]]:
     if world == 4:  # 2 stages x 2 replicas
         fsdp = [*gpt(out), *pipeline(4), "strategy.data_parallel=fsdp"]
         return {
-            "mlp-2x2": [*MLP, *OFF, *pipeline(4)],
+            **{ddp_run(s, m): _ddp_mlp(s, m) for s, m in DDP_SCHEDULES},
             "gpt-2x2": [*gpt(out), *OFF, *pipeline(4)],
             # per replica 4 x 2 accumulated: the global batch of 16
             "gpt-2x2-fsdp": [*fsdp, *OFF, *CLIP_ACCUM, "trainer.batch_size=4"],
@@ -113,8 +131,7 @@ def _ranks(rank: int, world: int, port: int, out: Path) -> None:
 
 
 def _single(run_dir: Path, *overrides: str) -> dict:
-    with dpt_logger_kept(), one_thread():
-        return run_worker(resolved(compose(*SGD, *overrides)), str(run_dir))
+    return run_here(run_dir, *SGD, *overrides)[0]
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +166,16 @@ def test_two_stages_equal_one_process(
     diff = max_abs_diff(load_weights(runs / f"{model}-{run}"), load_weights(single[model]))
     assert diff < 1e-5
     summary = json.loads((runs / f"{model}-{run}" / "metrics.json").read_text())
+    assert summary["steps"] == STEPS and summary["samples"] == STEPS * GLOBAL_BATCH
+
+
+@pytest.mark.parametrize(("schedule", "microbatches"), DDP_SCHEDULES)
+def test_ddp_replicas_of_every_schedule_equal_one_process(
+    runs: Path, single: dict[str, Path], schedule: str, microbatches: int
+) -> None:
+    run = runs / ddp_run(schedule, microbatches)
+    assert max_abs_diff(load_weights(run), load_weights(single["mlp"])) < 1e-5
+    summary = json.loads((run / "metrics.json").read_text())
     assert summary["steps"] == STEPS and summary["samples"] == STEPS * GLOBAL_BATCH
 
 

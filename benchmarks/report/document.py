@@ -4,10 +4,11 @@ machine and the command, the targets, the method) around each section's chapters
 Each section's report is a module of this package with `chapters(results)` (Markdown, "" where the
 section was not measured), and `targets(results)` (its rows of the targets table) and
 `plot(out, results)` where it has them. Sections measured on their own (MARKED: `memory`,
-`monitor`, `baseline`, `gpu` (which needs a machine with a GPU), `gpt`) stand between two markers,
-`<!-- bench_NAME -->` and `<!-- /bench_NAME -->`: `--sections memory` replaces that part of an
-existing report alone, and a whole report keeps it unless it measured it anew (a `gpu` section
-that found no GPU keeps the numbers an earlier report measured on one).
+`monitor`, `baseline`, `gpu` (which needs a machine with a GPU), `gpt`, `pipeline_parallel`,
+`tensor_parallel`) stand between two markers, `<!-- bench_NAME -->` and `<!-- /bench_NAME -->`:
+`--sections memory` replaces that part of an existing report alone, and a whole report keeps it
+unless it measured it anew (a `gpu` section that found no GPU keeps the numbers an earlier report
+measured on one).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from benchmarks.report import (
     pipeline_parallel,
     startup,
     sync,
+    tensor_parallel,
 )
 from benchmarks.report.common import Results, md_table
 
@@ -48,7 +50,7 @@ PLOTS: tuple[ModuleType, ...] = (loops, pipeline, sync)
 # After the method, each between its markers, in this order.
 MARKED: dict[str, ModuleType] = {
     "memory": memory, "monitor": monitor, "baseline": baseline, "gpu": gpu, "gpt": gpt,
-    "pipeline_parallel": pipeline_parallel,
+    "pipeline_parallel": pipeline_parallel, "tensor_parallel": tensor_parallel,
 }  # fmt: skip
 
 

@@ -18,7 +18,7 @@ class LoraConfig:
     alpha: float = above(0, 16.0)  # the adapters' output is scaled by alpha / rank
     dropout: float = between(0, 1, 0.0)  # dropout on the adapters' input
     # Linear layers that get adapters, by name pattern (fnmatch) of the whole name or its last
-    # parts: [q_proj, v_proj] for Llama-shaped models, [qkv] (attn.qkv) for dpt's GPT.
+    # parts: [q_proj, v_proj] (Llama-shaped models and dpt's GPT alike).
     targets: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
 
 

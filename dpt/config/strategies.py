@@ -51,7 +51,17 @@ class DPConfig:
 
 
 @dataclass
-class DDPConfig:
+class TensorParallel:
+    """`strategy.tensor_parallel`, on each strategy of one process per device: the ranks each
+    layer's matrices are split over (Megatron's column and row splits, dpt/models/tensor_plans.py),
+    the innermost dimension of the run's mesh (dpt/loop/mesh.py); the data-parallel degree is
+    what remains of the world."""
+
+    tensor_parallel: int = at_least(1)  # ranks each layer is split over; 1 = none
+
+
+@dataclass
+class DDPConfig(TensorParallel):
     _target_: str = "dpt.loop.strategy.DDP"
     distributed: ClassVar[bool] = True
     bucket_cap_mb: float = at_least(1e-3)
@@ -65,7 +75,7 @@ class DDPConfig:
 
 
 @dataclass
-class FSDPConfig:
+class FSDPConfig(TensorParallel):
     _target_: str = "dpt.loop.strategy.FSDP"
     distributed: ClassVar[bool] = True
     reshard_after_forward: bool = MISSING
@@ -76,7 +86,7 @@ class FSDPConfig:
 
 
 @dataclass
-class PipelineConfig:
+class PipelineConfig(TensorParallel):
     _target_: str = "dpt.loop.pipeline.Pipeline"
     distributed: ClassVar[bool] = True
     # ranks one copy of the model is cut over
@@ -103,13 +113,27 @@ def is_distributed(strategy: DictConfig) -> bool:
     return bool(getattr(OmegaConf.get_type(strategy), "distributed", False))
 
 
-def pipeline_replicas(stages: int, world_size: int) -> int:
-    """How many copies of a pipeline of `stages` a world of `world_size` ranks holds; one line
-    where it does not split (the launching process asks before any rank starts where it knows
-    the world's size, every rank asks again)."""
-    if world_size % stages:
-        raise ConfigError(
-            f"strategy.stages={stages}: a world of {world_size} ranks does not split into "
-            f"pipelines of {stages} stages; use a multiple of {stages} ranks"
-        )
-    return world_size // stages
+def pipeline_replicas(stages: int, world_size: int, tensor_parallel: int = 1) -> int:
+    """How many copies of a pipeline of `stages` (each stage over `tensor_parallel` ranks) a
+    world of `world_size` ranks holds; one line where it does not split (the launching process
+    asks before any rank starts where it knows the world's size, every rank asks again)."""
+    return data_degree(world_size, tensor_parallel, stages)
+
+
+def data_degree(world_size: int, tensor_parallel: int, stages: int = 1) -> int:
+    """The data-parallel degree: what remains of the world once each copy of the model takes
+    `stages` x `tensor_parallel` ranks; one line where the world does not split so."""
+    per_copy = stages * tensor_parallel
+    if world_size % per_copy == 0:
+        return world_size // per_copy
+    if tensor_parallel == 1:
+        named, copies = f"strategy.stages={stages}", f"pipelines of {stages} stages"
+    elif stages == 1:
+        named, copies = f"strategy.tensor_parallel={tensor_parallel}", f"groups of {per_copy} ranks"
+    else:
+        named = f"strategy.stages={stages} x strategy.tensor_parallel={tensor_parallel}"
+        copies = f"pipelines of {stages} stages of {tensor_parallel} ranks each"
+    raise ConfigError(
+        f"{named}: a world of {world_size} ranks does not split into {copies}; "
+        f"use a multiple of {per_copy} ranks"
+    )

@@ -30,10 +30,12 @@ from dpt.config.strategies import (
     INTERLEAVED,
     FSDPConfig,
     PipelineConfig,
+    data_degree,
     is_distributed,
     pipeline_replicas,
 )
 from dpt.config.tasks import CLASSIFICATION, CUSTOM, task_higher_is_better, task_kind, val_metrics
+from dpt.config.tensor_parallel import check_tensor_parallel
 from dpt.config.trainer import objectives
 from dpt.data.tokenizer import BYTES, RUN_FILE, tokenizer_file
 from dpt.errors import ConfigError
@@ -81,6 +83,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_user_targets(cfg)
     _validate_launcher(cfg)
     check_fields(cfg.strategy, "strategy")
+    _validate_tensor_parallel(cfg)
     if OmegaConf.get_type(cfg.strategy) is FSDPConfig:
         _validate_fsdp(cfg.trainer)
     if OmegaConf.get_type(cfg.strategy) is PipelineConfig:
@@ -186,6 +189,23 @@ def _validate_fsdp(trainer: DictConfig) -> None:
            "not supported with strategy=fsdp; use bf16-mixed")  # fmt: skip
 
 
+def _validate_tensor_parallel(cfg: DictConfig) -> None:
+    """The model's plan and widths, and the world's split, where strategy.tensor_parallel > 1."""
+    degree = int(cfg.strategy.get("tensor_parallel", 1))
+    if degree == 1:
+        return
+    check_tensor_parallel(cfg.model, degree)
+    world = _world_size(cfg.launcher)
+    if world is not None:
+        data_degree(world, degree, int(cfg.strategy.get("stages", 1)))
+    _check(not cfg.finetune.lora.rank, "finetune.lora.rank", cfg.finetune.lora.rank,
+           "LoRA's adapters are not split over strategy.tensor_parallel ranks yet; use ddp or "
+           "fsdp without it")  # fmt: skip
+    # GradScaler's overflow check would see this rank's slices of the gradients alone.
+    _check(cfg.trainer.precision != "16-mixed", "trainer.precision", cfg.trainer.precision,
+           "not supported with strategy.tensor_parallel; use bf16-mixed")  # fmt: skip
+
+
 def _validate_pipeline(p: DictConfig, trainer: DictConfig, world: int | None) -> None:
     _check(trainer.batch_size % p.microbatches == 0, "strategy.microbatches", p.microbatches,
            f"does not divide trainer.batch_size={trainer.batch_size} (each replica's batch); "
@@ -203,7 +223,7 @@ def _validate_pipeline(p: DictConfig, trainer: DictConfig, world: int | None) ->
                f"interleaved_1f1b runs rounds of strategy.stages={p.stages} micro-batches; "
                f"use a multiple of {p.stages}")  # fmt: skip
     if world is not None:
-        pipeline_replicas(p.stages, world)
+        pipeline_replicas(p.stages, world, int(p.tensor_parallel))
     # The loss scale's overflow check would need agreeing over the stages.
     _check(trainer.precision != "16-mixed", "trainer.precision", trainer.precision,
            "not supported with strategy=pipeline; use bf16-mixed")  # fmt: skip

@@ -31,8 +31,12 @@ class Validation:
         autocast: Callable[[], AbstractContextManager[Any]],
         to_device: Callable[[torch.Tensor], torch.Tensor],
         lockstep: torch.Tensor | None,
+        counted: bool = True,
     ) -> None:
+        """`counted`: whether this rank's batches count in the world's metrics (the ranks of a
+        tensor-parallel group run the same batches: one of them counts them)."""
         self.loader, self.env, self.task = loader, env, task
+        self.counted = counted
         self.autocast, self.to_device = autocast, to_device
         self.lockstep = lockstep  # see `evaluate`
         self.last: dict[str, float] = {}
@@ -49,7 +53,7 @@ class Validation:
             return {}
         self.last = evaluate(
             model, self.loader, self.env, self.task, self.autocast, self.to_device,
-            self.lockstep,
+            self.lockstep, self.counted,
         )  # fmt: skip
         missing = int(self.last.pop("val/missing"))
         if missing:
@@ -84,10 +88,12 @@ def evaluate(
     autocast: Callable[[], AbstractContextManager[Any]],
     to_device: Callable[[torch.Tensor], torch.Tensor],
     lockstep: torch.Tensor | None = None,
+    counted: bool = True,
 ) -> dict[str, float]:
     """World-wide loss and the task's metrics; all ranks must call it. `lockstep` (one input of
     zeros; fsdp, whose every forward is a collective): every rank runs as many
-    forwards as the rank with the most batches, the missing ones on that input."""
+    forwards as the rank with the most batches, the missing ones on that input. `counted`
+    false: the forwards run (collectives of a tensor-parallel group), the metrics skip them."""
     # Here: a run without validation never pays for the import.
     torchmetrics = import_torchmetrics(any_metric=task.kind == CUSTOM)
 
@@ -105,6 +111,9 @@ def evaluate(
     # Agreed before the first forward: a collective of its own amid fsdp's would mismatch them.
     padding = _missing_forwards(len(loader), env) if lockstep is not None else 0
     for inputs, targets, skipped in loader:
+        if not counted:  # the same forward as the counting rank's, the empty batch's too
+            _forward_in_step(model, inputs if len(targets) else lockstep, autocast, to_device)
+            continue
         missing.update(torch.tensor(float(getattr(skipped, "missing", 0))))
         if not len(targets):  # all unreadable (the loader counted them)
             if lockstep is not None:  # fsdp: the forward is a collective all the same

@@ -142,7 +142,7 @@ def build_parts(
     strategy: Strategy = build(groups.strategy)
     worker_init = functools.partial(_init_loader_worker, env.rank, log_file)
     loaders = build_loaders(data, strategy.data_env(env), t.batch_size, t.seed, worker_init,
-                            shuffle, task.targets, val_env=env)  # fmt: skip
+                            shuffle, task.targets, val_env=strategy.val_env(env))  # fmt: skip
     torch.manual_seed(t.seed)  # identical initial weights on every rank, every strategy
     shards_from = sharded_source(groups.model, strategy, env)  # no whole copy on any rank
     with torch.device("meta") if shards_from else contextlib.nullcontext():
@@ -181,7 +181,8 @@ def build_parts(
         monitor=monitor,
         diagnostics=GradDiagnostics(model, cfg.monitor.grad_diagnostics_every),
         validation=Validation(loaders.val, env, task, precision.autocast, to_device,
-                              _lockstep_input(strategy, env, data)),
+                              _lockstep_input(strategy, env, data),
+                              counted=strategy.counts_validation(env)),
         early_stopping=EarlyStopping(t.early_stopping, verbose=env.is_main),
         best_model=BestModel(t.early_stopping.metric, t.early_stopping.mode,
                              cfg.checkpoint.save_best, run_dir, env),

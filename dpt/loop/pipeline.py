@@ -14,10 +14,10 @@ model (`whole_model`).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -27,7 +27,14 @@ from torch import nn
 from dpt.config.strategies import INTERLEAVED, PIPELINE_SCHEDULES, pipeline_replicas
 from dpt.distributed import DistEnv, is_dtensor, local_part
 from dpt.errors import DptError
-from dpt.loop.strategy import Strategy, fsdp_precision, shard_by_blocks
+from dpt.loop.mesh import Degrees
+from dpt.loop.strategy import (
+    Strategy,
+    fsdp_precision,
+    grads_as_params,
+    mean_gradients,
+    shard_by_blocks,
+)
 from dpt.models import stages as cut
 from dpt.models.blocks import blocks
 from dpt.models.sync_batchnorm import has_batchnorm
@@ -47,12 +54,14 @@ class Pipeline(Strategy):
         stages_per_rank: int,
         split_points: Sequence[str] | None,
         data_parallel: str,
+        tensor_parallel: int = 1,
     ) -> None:
         self.stages, self.schedule_name, self.microbatches = stages, schedule, microbatches
         self.stages_per_rank = stages_per_rank
         self.split_points = list(split_points) if split_points else None
-        self.data_parallel = data_parallel
-        self.copies = stages  # a replica's stages all train its samples: counted once
+        self.data_parallel, self.tensor_parallel = data_parallel, tensor_parallel
+        # a replica's stages and their tensor parts all train its samples: counted once
+        self.copies = stages * tensor_parallel
         self.whole: nn.Module | None = None  # the whole model, for validation and its weights
         self.clock = StageClock()
 
@@ -60,7 +69,7 @@ class Pipeline(Strategy):
 
     def replicas(self, world_size: int) -> int:
         """How many copies of the pipeline the world holds; one line where it does not split."""
-        replicas = pipeline_replicas(self.stages, world_size)
+        replicas = pipeline_replicas(self.stages, world_size, self.tensor_parallel)
         if replicas > 1 and self.data_parallel == "none":
             raise DptError(
                 f"strategy.stages={self.stages} on {world_size} ranks makes {replicas} copies "
@@ -70,8 +79,17 @@ class Pipeline(Strategy):
 
     def data_env(self, env: DistEnv) -> DistEnv:
         """Where this rank stands among the replicas: its batches are its replica's."""
-        replicas = self.replicas(env.world_size)
-        return replace(env, rank=env.rank % replicas, world_size=replicas)
+        self.replicas(env.world_size)  # one line where the world does not split
+        return self._degrees(env).data_env(env)
+
+    def val_env(self, env: DistEnv) -> DistEnv:
+        return env  # validation runs the whole model, data-parallel over every rank
+
+    def counts_validation(self, env: DistEnv) -> bool:
+        return True
+
+    def _degrees(self, env: DistEnv) -> Degrees:
+        return Degrees.of(env.world_size, self.tensor_parallel, self.stages)
 
     # --- the model ----------------------------------------------------------------------------
 
@@ -80,18 +98,17 @@ class Pipeline(Strategy):
         cut.plan(model, self.stages * self.stages_per_rank, self.split_points)
 
     def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage
 
         replicas = self.replicas(env.world_size)
         if not dist.is_initialized():
             raise DptError("strategy=pipeline needs a process per stage: launch it on "
                            f"{self.stages} or more ranks")  # fmt: skip
-        self.position, self.replica = divmod(env.rank, replicas)
+        degrees = self._degrees(env)
+        self.position, self.replica, self.part = degrees.position(env.rank)
         self.replica_count = replicas
-        mesh = init_device_mesh(env.device.type, (self.stages, replicas),
-                                mesh_dim_names=("pp", "dp"))  # fmt: skip
-        self.pp_group = mesh.get_group("pp")
+        mesh = degrees.build(env.device.type)
+        self.pp_group, self.dp_group = mesh.get_group("pp"), mesh.get_group("dp")
         total = self.stages * self.stages_per_rank
         plan = cut.plan(model, total, self.split_points)
         mine = [s for s in range(total) if s % self.stages == self.position]  # loop order
@@ -103,13 +120,18 @@ class Pipeline(Strategy):
                 "strategy.microbatches samples), and updates its running statistics once per "
                 "micro-batch: not the same as one process on the whole batch"
             )
-        self._tie(model, plan, replicas)
+        self._tie(model, plan, degrees)
         self.holder = holder.to(env.device)
+        tensor_mesh = mesh["tp"] if self.tensor_parallel > 1 else None
+        if tensor_mesh is not None:  # this stage's layers split over its tensor ranks
+            from dpt.models.tensor_plans import parallelize
+
+            parallelize(self.holder, tensor_mesh)
         self.views: list[nn.Module] = []
         for s in mine:
-            view: nn.Module = cut.StageView(self.holder, plan[s], self.autocast)
-            if replicas > 1:
-                view = self._replicated(view, mesh["dp"], env, precision)
+            view: nn.Module = cut.StageView(self.holder, plan[s], self.autocast, tensor_mesh)
+            if replicas > 1 and self.data_parallel == "fsdp":
+                self._sharded(view, mesh["dp"], precision)
             self.views.append(view)
         self.stage_objects = [
             PipelineStage(view, s, total, env.device, group=self.pp_group)
@@ -125,22 +147,20 @@ class Pipeline(Strategy):
         """` | stage 1 of 2 (embed-h.1), replica 1 of 1 | 1f1b x 4 micro-batches`."""
         total = self.stages * self.stages_per_rank
         held = ", ".join(f"{s + 1} of {total} ({_span(units)})" for s, units in self.held)
-        return (f" | stage {held}, replica {self.replica + 1} of {self.replica_count} | "
+        split = (f", layers split over {self.tensor_parallel} ranks (part {self.part + 1})"
+                 if self.tensor_parallel > 1 else "")  # fmt: skip
+        return (f" | stage {held}{split}, replica {self.replica + 1} of {self.replica_count} | "
                 f"{self.schedule_name} x {self.microbatches} micro-batches")  # fmt: skip
 
-    def _replicated(self, view: nn.Module, dp: Any, env: DistEnv, precision: str) -> nn.Module:
-        """A stage trained by its replicas together: ddp all-reduces its gradients; fsdp
-        shards it over them, each block one unit (gathered for its forward and backward),
-        then the stage's other parameters (a GPT's embedding or head)."""
-        if self.data_parallel == "fsdp":  # as strategy=fsdp shards, at its default reduce_dtype
-            options = {"mesh": dp, "mp_policy": fsdp_precision(precision, torch.float32)}
-            shard_by_blocks(view, blocks_of(view), options)
-            return view
-        gpu = [env.device.index] if env.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(view, process_group=dp.get_group(),
-                                                   device_ids=gpu)  # fmt: skip
+    def _sharded(self, view: nn.Module, dp: Any, precision: str) -> None:
+        """fsdp: a stage sharded over its replicas, each block one unit (gathered for its
+        forward and backward), then the stage's other parameters (a GPT's embedding or head).
+        ddp wraps nothing: `_mean_over_replicas` averages the gradients after the schedule."""
+        # as strategy=fsdp shards, at its default reduce_dtype
+        options = {"mesh": dp, "mp_policy": fsdp_precision(precision, torch.float32)}
+        shard_by_blocks(view, blocks_of(view), options)
 
-    def _tie(self, model: nn.Module, plan: list[list[cut.Unit]], replicas: int) -> None:
+    def _tie(self, model: nn.Module, plan: list[list[cut.Unit]], degrees: Degrees) -> None:
         """Parameters that stages on different ranks share (a GPT's embedding and head): each
         holds its copy, their gradients are summed between those ranks after backward, and the
         norm counts the one on the lowest stage."""
@@ -158,9 +178,12 @@ class Pipeline(Strategy):
             positions = sorted({s % self.stages for s in held})
             if len(positions) < 2:
                 continue
-            for replica in range(replicas):  # every rank makes every group, in one order
-                group = dist.new_group([p * replicas + replica for p in positions])
-                if self.position in positions and replica == self.replica:
+            # Every rank makes every group, in one order: one per replica and tensor part (both
+            # ends hold the same slice of the matrix).
+            for replica, part in itertools.product(range(degrees.dp), range(degrees.tp)):
+                ranks = [(p * degrees.dp + replica) * degrees.tp + part for p in positions]
+                group = dist.new_group(ranks)
+                if self.position in positions and (replica, part) == (self.replica, self.part):
                     self.ties.append((name, group))
 
     def autocast(self) -> Any:
@@ -210,6 +233,9 @@ class Pipeline(Strategy):
                 return_outputs=False,
             )
         work_s = time.perf_counter() - step_start
+        if self.tensor_parallel > 1:
+            grads_as_params(self.holder)
+        self._mean_over_replicas()
         self._sum_ties()
         loss = (
             torch.stack(losses).sum().detach()
@@ -222,6 +248,14 @@ class Pipeline(Strategy):
     def _device(self) -> torch.device:
         return next(self.holder.parameters()).device
 
+    def _mean_over_replicas(self) -> None:
+        """ddp: the gradients averaged over the replicas (`mean_gradients`). Not DDP itself: its
+        reducer expects one backward per forward, and the schedules run several forwards
+        before their backwards (gpipe; 1f1b at 2 micro-batches), and some stages hold no
+        parameter (interleaved)."""
+        if self.data_parallel == "ddp" and self.replica_count > 1:
+            mean_gradients(self.holder, self.dp_group, self.replica_count)
+
     def _sum_ties(self) -> None:
         params = dict(self.holder.named_parameters())
         for name, group in self.ties:
@@ -233,16 +267,25 @@ class Pipeline(Strategy):
 
     def grad_norm(self, model: nn.Module) -> torch.Tensor:
         """The gradients' norm over the whole model: every stage's squares summed (a shared
-        parameter once); the same on every rank."""
-        grads = [local_part(p.grad) for name, p in model.named_parameters()
-                 if p.grad is not None and name in self.counted]  # fmt: skip
-        squares = (torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads
-                   else torch.zeros((), device=self._device()))  # fmt: skip
-        # fsdp: the replicas hold other rows of a stage, so the world's squares sum to the
-        # norm; ddp: the replicas hold the same gradients, so one replica's stages' do.
+        parameter once, a tensor-parallel slice once per part, a replicated one once); the
+        same on every rank."""
+        squares = torch.zeros((), device=self._device())
+        for name, p in model.named_parameters():
+            if p.grad is not None and name in self.counted and self._owns(p.grad):
+                squares = squares + local_part(p.grad).float().pow(2).sum()
+        # The world's squares: fsdp's replicas hold other rows of a stage, so they add up to the
+        # norm; ddp's hold the same (averaged) gradients, counted once per replica.
+        dist.all_reduce(squares)
         sharded = self.data_parallel == "fsdp" and self.replica_count > 1
-        dist.all_reduce(squares, group=None if sharded else self.pp_group)
-        return squares.sqrt()
+        return (squares if sharded else squares / self.replica_count).sqrt()
+
+    def _owns(self, grad: torch.Tensor) -> bool:
+        """Whether this rank counts `grad`'s slice: all but a tensor part's copy of what each
+        part holds whole (a norm's weight, under sequence parallelism)."""
+        if not is_dtensor(grad) or "tp" not in (grad.device_mesh.mesh_dim_names or ()):
+            return True
+        split = not grad.placements[grad.device_mesh.mesh_dim_names.index("tp")].is_replicate()
+        return split or self.part == 0
 
     # --- the whole model ----------------------------------------------------------------------
 

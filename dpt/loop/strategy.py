@@ -13,8 +13,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from dpt.config.strategies import COMM_HOOK_NAMES, REDUCE_DTYPES
-from dpt.distributed import DistEnv
+from dpt.distributed import DistEnv, is_dtensor, local_part
 from dpt.errors import DptError
+from dpt.loop.mesh import Degrees
 from dpt.models.blocks import blocks
 from dpt.models.sync_batchnorm import convert_sync_batchnorm, has_batchnorm
 
@@ -70,13 +71,34 @@ class Strategy:
     forward_backward: Callable[[list[Any], float], tuple[torch.Tensor, float]] | None = None
     # The gradients' global norm, where the strategy computes it itself (None: dpt.loop.precision).
     grad_norm: Callable[[nn.Module], torch.Tensor] | None = None
+    # Ranks each layer is split over (`strategy.tensor_parallel`): the mesh's innermost dimension.
+    tensor_parallel: int = 1
+    split_layout = ""  # where this rank stands in a tensor-parallel mesh, for its start line
 
     def check(self, model: nn.Module) -> None:
         """One line where the model (built on the meta device, beforehand) cannot be wrapped."""
 
     def data_env(self, env: DistEnv) -> DistEnv:
-        """Where this rank's batches come from: its own share of each step, by default."""
-        return env
+        """Where this rank's batches come from: its own share of each step, by default; under
+        tensor parallelism its replica's, which every rank of the replica reads."""
+        if self.tensor_parallel == 1:
+            return env
+        return Degrees.of(env.world_size, self.tensor_parallel).data_env(env)
+
+    def val_env(self, env: DistEnv) -> DistEnv:
+        """Where this rank's validation batches come from: all ranks split the split, unless a
+        forward takes several ranks (tensor parallelism: its replica's, as in training)."""
+        return env if self.tensor_parallel == 1 else self.data_env(env)
+
+    def counts_validation(self, env: DistEnv) -> bool:
+        """Whether this rank's validation batches count in the world's metrics: the ranks of a
+        tensor-parallel group run the same batches, one of them counts them."""
+        return env.rank % self.tensor_parallel == 0
+
+    def sync_gradients(self, model: nn.Module) -> None:
+        """After the step's backwards: what the wrapper does not do itself."""
+        if self.tensor_parallel > 1:
+            grads_as_params(model)
 
     def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         return model
@@ -96,7 +118,7 @@ class Strategy:
 
     def layout(self) -> str:
         """What this rank holds, for its start line (` | stage 1 of 2 ...`); "" by default."""
-        return ""
+        return self.split_layout
 
     def rank_scalars(self) -> dict[str, float]:
         """This rank's own numbers for TensorBoard at each logging window (a stage's times)."""
@@ -142,14 +164,22 @@ class DDP(Strategy):
 
     name = "ddp"
 
-    def __init__(self, comm_hook: str | None, sync_batchnorm: bool, **wrapper: Any) -> None:
+    def __init__(
+        self, comm_hook: str | None, sync_batchnorm: bool, tensor_parallel: int = 1, **wrapper: Any
+    ) -> None:
         if comm_hook is not None and comm_hook not in COMM_HOOKS:
             raise ValueError(f"comm_hook must be one of {', '.join(COMM_HOOKS)} or None")
         self.comm_hook, self.sync_batchnorm, self.wrapper = comm_hook, sync_batchnorm, wrapper
+        split_tensors(self, tensor_parallel)
+        self.replicas: Any = None  # tensor parallel: the data dimension, averaged after backward
 
     def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         if not torch.distributed.is_initialized():
             return model  # a world of one: nothing to synchronise
+        if self.tensor_parallel > 1:  # DDP takes no DTensors: the mean is taken after backward
+            mesh = tensor_mesh(self, model, env)
+            self.replicas = mesh["dp"] if mesh["dp"].size() > 1 else None
+            return model
         if self.sync_batchnorm:
             model = _sync_batchnorm(model, env)
         device_ids = [env.device.index] if env.device.type == "cuda" else None
@@ -158,6 +188,11 @@ class DDP(Strategy):
             # state=None: the hooks then use the default process group (the training world).
             ddp.register_comm_hook(state=None, hook=COMM_HOOKS[self.comm_hook])
         return ddp
+
+    def sync_gradients(self, model: nn.Module) -> None:
+        super().sync_gradients(model)
+        if self.replicas is not None:
+            mean_gradients(model, self.replicas.get_group(), self.replicas.size())
 
 
 class FSDP(Strategy):
@@ -171,7 +206,12 @@ class FSDP(Strategy):
     builds_on_meta = True
 
     def __init__(
-        self, cpu_offload: bool, reduce_dtype: str, sync_batchnorm: bool, **wrapper: Any
+        self,
+        cpu_offload: bool,
+        reduce_dtype: str,
+        sync_batchnorm: bool,
+        tensor_parallel: int = 1,
+        **wrapper: Any,
     ) -> None:
         """`cpu_offload`, `reduce_dtype` and `sync_batchnorm` are dpt's keys; every other key of
         strategy=fsdp is `fully_shard`'s keyword of the same name (dpt.config.strategies)."""
@@ -180,19 +220,26 @@ class FSDP(Strategy):
         self.cpu_offload = cpu_offload
         self.reduce_dtype = getattr(torch, REDUCE_DTYPES[reduce_dtype])
         self.sync_batchnorm, self.wrapper = sync_batchnorm, wrapper
+        split_tensors(self, tensor_parallel)
 
     def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         if not torch.distributed.is_initialized():
             return model  # a world of one: nothing to shard; its checkpoints load sharded
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+        if self.tensor_parallel > 1:  # sharded over the data dimension of the run's mesh
+            mesh = tensor_mesh(self, model, env)["dp"]
+            if mesh.size() == 1:
+                return model  # the whole world splits the layers: nothing left to shard
+        else:
+            mesh = init_device_mesh(env.device.type, (env.world_size,))
         if self.sync_batchnorm:
             # Every rank runs the same forwards (lockstep_forward), so the statistics'
             # all-reduces inside them stay in step with the blocks' all-gathers.
             model = _sync_batchnorm(model, env)
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
-
         options: dict[str, Any] = {
-            "mesh": init_device_mesh(env.device.type, (env.world_size,)),
+            "mesh": mesh,
             **self.wrapper,
             "mp_policy": fsdp_precision(precision, self.reduce_dtype),
             "offload_policy": CPUOffloadPolicy() if self._offloads(env) else OffloadPolicy(),
@@ -208,6 +255,71 @@ class FSDP(Strategy):
                 log.warning("strategy.cpu_offload=true: the device is the CPU already; ignored")
             return False
         return self.cpu_offload
+
+
+def split_tensors(strategy: Strategy, degree: int) -> None:
+    """A strategy whose layers split over `degree` ranks: each sample trained by all of them,
+    a gradient norm over their slices, the whole model built on every rank (each keeps its
+    slices: no sharded read of a transformers folder)."""
+    strategy.tensor_parallel = degree
+    if degree > 1:
+        strategy.copies = degree
+        strategy.grad_norm = global_norm
+        strategy.shards_gradients = False  # type: ignore[misc] (the norm above is the world's)
+        strategy.builds_on_meta = False  # type: ignore[misc]
+        strategy.lockstep_forward = True  # type: ignore[misc] (a forward is a collective)
+
+
+def tensor_mesh(strategy: Strategy, model: nn.Module, env: DistEnv) -> Any:
+    """The run's mesh (data x tensor), `model`'s layers split over its tensor dimension."""
+    from dpt.models.tensor_plans import parallelize
+
+    degrees = Degrees.of(env.world_size, strategy.tensor_parallel)
+    mesh = degrees.build(env.device.type)
+    parallelize(model, mesh["tp"])
+    _, replica, part = degrees.position(env.rank)
+    strategy.split_layout = (f" | layers split over {degrees.tp} ranks (part {part + 1}), "
+                             f"replica {replica + 1} of {degrees.dp}")  # fmt: skip
+    return mesh
+
+
+def global_norm(model: nn.Module) -> torch.Tensor:
+    """The gradients' norm over the whole model: their DTensors' slices summed over the mesh."""
+    norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    return norm.full_tensor() if is_dtensor(norm) else norm
+
+
+def grads_as_params(model: nn.Module) -> None:
+    """Each gradient laid out as its parameter: an embedding split by rows leaves its gradient a
+    partial sum on each tensor rank (a whole matrix each), which the optimizer's state would
+    copy whole, and replicas, tied ends and norms would add up as if it were a slice."""
+    for param in model.parameters():
+        grad = param.grad
+        if is_dtensor(grad) and grad.placements != param.placements:
+            param.grad = grad.redistribute(param.device_mesh, param.placements)
+
+
+def mean_gradients(model: nn.Module, group: Any, size: int) -> None:
+    """What DistributedDataParallel does, after backward rather than during it, for what it
+    cannot wrap (a model of DTensors, a pipeline stage whose schedule runs several forwards
+    before their backwards): each gradient (this rank's slice of it) averaged over the
+    replicas in `group`, one all-reduce per dtype over the gradients laid end to end; then the
+    buffers (BatchNorm's statistics) made the group's first rank's, as DDP broadcasts them."""
+    grads: dict[torch.dtype, list[torch.Tensor]] = {}
+    for param in model.parameters():
+        if param.requires_grad:
+            if param.grad is None:  # as DDP leaves it: every replica reduces the same list
+                param.grad = torch.zeros_like(param)
+            grad = local_part(param.grad)
+            grads.setdefault(grad.dtype, []).append(grad)
+    for same in grads.values():
+        flat = torch.cat([g.reshape(-1) for g in same])
+        torch.distributed.all_reduce(flat, group=group)
+        flat /= size
+        for grad, part in zip(same, flat.split([g.numel() for g in same]), strict=True):
+            grad.copy_(part.view_as(grad))
+    for buffer in model.buffers():
+        torch.distributed.broadcast(local_part(buffer), group=group, group_src=0)
 
 
 def fsdp_precision(precision: str, reduce_dtype: torch.dtype) -> Any:

@@ -93,6 +93,7 @@ class Trainer:
 
     def train_step(self, micro_batches: list[Batch], data_s: float, stop: StopRequest) -> None:
         loss, work_s = self.run_micro_batches(micro_batches, time.perf_counter() - data_s)
+        self.parts.strategy.sync_gradients(self.model)
         grad_norm = self.precision.clip_and_norm(
             self.model, self.optimizer, self.settings.grad_clip_norm
         )

@@ -22,28 +22,58 @@ from dpt.models import packed
 
 
 class SelfAttention(nn.Module):
-    """Causal multi-head self-attention: one projection to queries, keys and values, PyTorch's
-    fused attention (flash or memory-efficient kernels where the device has them)."""
+    """Causal multi-head self-attention: projections to queries, keys and values, PyTorch's
+    fused attention (flash or memory-efficient kernels where the device has them).
+
+    The three projections are separate layers (`q_proj`, `k_proj`, `v_proj`, as Llama's): tensor
+    parallelism splits each by columns, every rank then holding whole heads of all three (a
+    fused matrix split by rows would give a rank queries and keys of different heads). The
+    head count is read from the projections' width, so a rank computes its own heads alone."""
 
     def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
         super().__init__()
-        self.n_head, self.dropout = n_head, dropout
-        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.head_dim, self.dropout = n_embd // n_head, dropout
+        self.q_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.k_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.v_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.proj_dropout = nn.Dropout(dropout)
+        # A state dict of the fused layout dpt wrote before (`qkv`) still loads.
+        self._register_load_state_dict_pre_hook(_split_fused_qkv)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """`mask`: packed examples' attention (dpt.models.packed); None: causal."""
-        batch, steps, width = x.shape
-        q, k, v = self.qkv(x).split(width, dim=2)
-        heads = [t.view(batch, steps, self.n_head, width // self.n_head).transpose(1, 2)
-                 for t in (q, k, v)]  # fmt: skip
+        batch, steps = x.shape[:2]
+        heads = [proj(x).view(batch, steps, -1, self.head_dim).transpose(1, 2)
+                 for proj in (self.q_proj, self.k_proj, self.v_proj)]  # fmt: skip
         y = F.scaled_dot_product_attention(
             *heads, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
             is_causal=mask is None,
         )  # fmt: skip
-        y = y.transpose(1, 2).contiguous().view(batch, steps, width)
+        y = y.transpose(1, 2).reshape(batch, steps, -1)
         return self.proj_dropout(self.proj(y))
+
+
+# The fused projection of queries, keys and values that dpt's GPT had before (`attn.qkv`).
+FUSED_QKV = "qkv"
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def _split_fused_qkv(state: dict[str, torch.Tensor], prefix: str, *_: object) -> None:
+    """An attention's fused `qkv` (a model.pt or model.init_from written before the
+    projections were split) as its three projections, in place."""
+    split_fused_qkv(state, prefix)
+
+
+def split_fused_qkv(state: dict[str, torch.Tensor], prefix: str = "") -> None:
+    """Every fused `qkv` weight and bias under `prefix` (rows of queries, keys, values, in that
+    order: GPT-2's `c_attn` too) as `q_proj`, `k_proj`, `v_proj`, in place."""
+    for key in [k for k in state if k.startswith(prefix) and f"{FUSED_QKV}." in k]:
+        head, _, kind = key.rpartition(f"{FUSED_QKV}.")
+        if kind not in ("weight", "bias") or (head and not head.endswith(".")):
+            continue  # another layer whose name ends in qkv, or an adapter of the fused one
+        for name, part in zip(QKV, state.pop(key).chunk(3), strict=True):
+            state[f"{head}{name}.{kind}"] = part
 
 
 class FeedForward(nn.Module):
@@ -115,7 +145,7 @@ class GPT(nn.Module):
         self.lm_head.weight = self.wte.weight  # tied: one matrix embeds and reads out tokens
         self.apply(_init_weights)
         for name, parameter in self.named_parameters():  # GPT-2: residual projections scaled
-            if name.endswith("proj.weight"):
+            if name.endswith((".attn.proj.weight", ".mlp.proj.weight")):
                 nn.init.normal_(parameter, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,8 @@ Both sides are plain state dicts: nothing here imports transformers or safetenso
 or downloads anything (read one with `safetensors.torch.load_file`, write one with
 `GPT2LMHeadModel.save_pretrained`). The layouts differ in three ways: GPT-2's linear layers are
 Conv1D, their weights stored (in, out), transposed from nn.Linear's (out, in); its modules have
-other names (`attn.c_attn` is dpt's `attn.qkv`); and its model holds the blocks under
+other names, and its `attn.c_attn` fuses what dpt's `attn.q_proj`, `k_proj` and `v_proj` hold
+(rows of queries, keys, values); and its model holds the blocks under
 `transformer.`. GPT-2 computes its MLP with the tanh GELU (`gelu_new`): build the GPT with
 `gelu="tanh"` for its logits to match. A file carries no head count: `n_head` must be the one
 the weights were trained with (12 for GPT-2 small), which no shape can check.
@@ -20,11 +21,11 @@ import torch
 from torch import Tensor
 
 from dpt.errors import DptError
-from dpt.models.gpt import GPT
+from dpt.models.gpt import FUSED_QKV, GPT, QKV, split_fused_qkv
 
 # GPT-2's Conv1D modules and dpt's nn.Linear in their place; the weights of these are transposed.
 _LINEARS = {
-    "attn.c_attn": "attn.qkv",
+    "attn.c_attn": f"attn.{FUSED_QKV}",  # split into q_proj, k_proj, v_proj (and fused back)
     "attn.c_proj": "attn.proj",
     "mlp.c_fc": "mlp.fc",
     "mlp.c_proj": "mlp.proj",
@@ -53,6 +54,7 @@ def from_gpt2(state: dict[str, Tensor], model: GPT) -> dict[str, Tensor]:
         if key == "lm_head.weight" or _MASK.fullmatch(key):
             continue  # the head is tied to wte, set below from it
         out[_rename(key, to_dpt=True)] = tensor.t().contiguous() if _is_conv1d(key) else tensor
+    split_fused_qkv(out)
     _check_keys(out, own, model)
     out["wpe.weight"] = _positions(out["wpe.weight"], model.block_size)
     out["wte.weight"] = _vocabulary(out["wte.weight"], own["wte.weight"])
@@ -70,7 +72,7 @@ def to_gpt2(state: dict[str, Tensor], model: GPT) -> tuple[dict[str, Tensor], di
             "only a GPT built with model.bias=true can be written as GPT-2"
         )
     out: dict[str, Tensor] = {}
-    for key, tensor in state.items():
+    for key, tensor in fuse_qkv(state).items():
         if key == "lm_head.weight":
             continue  # tied: GPT-2 saves it as wte's, set below
         gpt2_key = _rename(key, to_dpt=False)
@@ -96,6 +98,16 @@ def _gpt2_config(model: GPT) -> dict[str, Any]:
         "layer_norm_epsilon": 1e-5,  # nn.LayerNorm's default, which dpt's GPT keeps
         "tie_word_embeddings": True,
     }
+
+
+def fuse_qkv(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """dpt's separate query, key and value projections as one fused `qkv` (rows in that
+    order), GPT-2's `c_attn`."""
+    out = dict(state)
+    for key in [k for k in state if ".attn.q_proj." in k]:
+        parts = [out.pop(key.replace(".q_proj.", f".{name}.")) for name in QKV]
+        out[key.replace(".q_proj.", f".{FUSED_QKV}.")] = torch.cat(parts)
+    return out
 
 
 def _rename(key: str, to_dpt: bool) -> str:

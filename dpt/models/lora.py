@@ -36,7 +36,7 @@ def add_lora(
     model: nn.Module, rank: int, alpha: float, dropout: float, targets: Sequence[str]
 ) -> list[str]:
     """Adapters of `rank` on every linear layer of `model` that a pattern of `targets` names
-    (fnmatch of the whole name or of its last parts: `q_proj`, `h.*.attn.qkv`); every other
+    (fnmatch of the whole name or of its last parts: `q_proj`, `h.*.attn.v_proj`); every other
     parameter frozen. The adapted layers' names; a pattern that matches none is refused."""
     if not targets:
         raise DptError(f"finetune.lora.rank={rank}: finetune.lora.targets names no layer")

@@ -16,6 +16,7 @@ import itertools
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -190,7 +191,10 @@ class StageView(nn.Module):
     and fsdp's sharded parameter replaces a shared one in both modules. The copy itself is not
     registered in it."""
 
-    def __init__(self, holder: nn.Module, kept: Sequence[Unit], autocast: Callable) -> None:
+    def __init__(
+        self, holder: nn.Module, kept: Sequence[Unit], autocast: Callable, tensor_mesh: Any = None
+    ) -> None:
+        """`tensor_mesh`: the mesh its layers are split over (tensor parallelism), or None."""
         super().__init__()
         own = [holder.get_submodule(name) for unit in kept for name in unit.modules]
         ids = {id(p) for module in own for p in module.parameters()}
@@ -199,7 +203,7 @@ class StageView(nn.Module):
                    and any(id(p) in ids for p in m.parameters(recurse=False))]  # fmt: skip
         self.parts = nn.ModuleList(own + sharing)
         self._holder = (holder,)  # a tuple: not a submodule
-        self.kept, self.autocast = list(kept), autocast
+        self.kept, self.autocast, self.tensor_mesh = list(kept), autocast, tensor_mesh
 
     @property
     def holder(self) -> nn.Module:
@@ -207,6 +211,24 @@ class StageView(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with self.autocast():  # only the forward: backward runs in the forward's dtypes
+            x = self._entering(x)
             for unit in self.kept:
                 x = unit.run(self._holder[0], x)
-        return x
+        return self._leaving(x)
+
+    def _entering(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden states from the stage before, whole on each tensor rank: split over the
+        sequence, as the blocks' split layers pass them on (token ids enter as they are)."""
+        if self.tensor_mesh is None or not x.is_floating_point():
+            return x
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        whole = DTensor.from_local(x, self.tensor_mesh, [Replicate()], run_check=False)
+        return whole.redistribute(self.tensor_mesh, [Shard(1)])
+
+    @staticmethod
+    def _leaving(x: torch.Tensor) -> torch.Tensor:
+        """What the stage sends on: a plain tensor, whole (the schedule sends no DTensors)."""
+        from torch.distributed.tensor import DTensor
+
+        return x.full_tensor() if isinstance(x, DTensor) else x

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpt.errors import DptError
 from dpt.models import bare_name, unwrap
 
 
@@ -59,6 +60,19 @@ class ModelState:
 
     def __init__(self, model: nn.Module, trainable_only: bool = False) -> None:
         self.model, self.trainable_only = model, trainable_only
+
+    def expect(self, stored: set[str]) -> None:
+        """One line for a GPT checkpoint written while its attention's projections were one
+        fused `qkv` (DCP loads by the model's names, which are now q_proj, k_proj, v_proj)."""
+        from dpt.models.gpt import FUSED_QKV, GPT
+
+        fused = any(key.endswith(f".attn.{FUSED_QKV}.weight") for key in stored)
+        if fused and isinstance(unwrap(self.model), GPT):
+            raise DptError(
+                "this checkpoint was written while dpt's GPT fused its attention's projections "
+                f"(attn.{FUSED_QKV}): its optimizer state cannot resume; start from its weights "
+                "with model.init_from=<its run folder>, which splits them"
+            )
 
     def _options(self) -> Any:
         only = self.trainable_only
