@@ -166,3 +166,47 @@ def test_an_unknown_gelu_and_a_gpt_without_biases_are_refused() -> None:
         "model.bias=false: GPT-2 has biases in its linear layers and LayerNorms; only a GPT "
         "built with model.bias=true can be written as GPT-2"
     )
+
+
+# dpt's GPT fused its attention's projections (`attn.qkv`) before tensor parallelism split them.
+
+
+def _fused(model: GPT) -> dict[str, torch.Tensor]:
+    """`model`'s weights as dpt wrote them while the projections were one `qkv` layer."""
+    from dpt.models.gpt2_weights import fuse_qkv
+
+    return fuse_qkv({k: v.clone() for k, v in model.state_dict().items()})
+
+
+@pytest.mark.timeout(60)
+def test_weights_of_the_fused_layout_load_with_the_same_logits(tmp_path: Path) -> None:
+    """A model.pt of before (rows of queries, keys, values in one `qkv`) loads by
+    load_state_dict and as model.init_from, and computes what the model that wrote it did."""
+    from dpt.models.weights import fit_state
+
+    written = _gpt()
+    fused = _fused(written)
+    assert "h.0.attn.qkv.weight" in fused and "h.0.attn.q_proj.weight" not in fused
+    tokens = _tokens()
+    with torch.no_grad():
+        expected = written(tokens)
+        loaded = _gpt()
+        loaded.load_state_dict(fused)
+        assert torch.equal(loaded(tokens), expected)
+        initialised = _gpt()
+        fit_state(initialised, fused, "model.init_from=old/model.pt", VOCAB)
+        assert torch.equal(initialised(tokens), expected)
+
+
+def test_a_checkpoint_of_the_fused_layout_is_one_line() -> None:
+    """Its optimizer state is keyed by the fused names: resuming it is refused in one line,
+    which says how to keep its weights."""
+    from dpt.state.stateful import ModelState
+
+    with pytest.raises(DptError) as error:
+        ModelState(_gpt()).expect({"h.0.attn.qkv.weight", "h.0.attn.proj.weight"})
+    assert str(error.value) == (
+        "this checkpoint was written while dpt's GPT fused its attention's projections "
+        "(attn.qkv): its optimizer state cannot resume; start from its weights with "
+        "model.init_from=<its run folder>, which splits them"
+    )

@@ -33,6 +33,7 @@ from tests import hf_folders
 from tests.helpers import (
     committed_checkpoints,
     compose,
+    dpt_logger_kept,
     free_port,
     joined_world,
     load_weights,
@@ -129,7 +130,11 @@ def _ranks(rank: int, world: int, port: int, out: Path) -> None:
 
     with joined_world(rank, world, port) as env:
         for name, overrides in _world_runs(out, world).items():
-            train(OmegaConf.create(resolved(compose(*SGD, *overrides))), env, out / name)
+            cfg = OmegaConf.create(resolved(compose(*SGD, *overrides)))
+            if env.is_main:  # as Hydra keeps it: dpt-export builds the model from it
+                (out / name / ".hydra").mkdir(parents=True, exist_ok=True)
+                OmegaConf.save(cfg, out / name / ".hydra" / "config.yaml")
+            train(cfg, env, out / name)
 
 
 def _single(run_dir: Path, *overrides: str) -> dict:
@@ -230,6 +235,26 @@ def test_each_rank_says_where_it_stands_in_the_mesh(runs: Path) -> None:
         "strategy=pipeline | stage 2 of 2 (h.1-head), layers split over 2 ranks (part 2), "
         "replica 1 of 1 |"
     ) in pipeline
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_dpt_export_writes_the_whole_model_of_a_split_run(runs: Path, tmp_path: Path) -> None:
+    """The fsdp 2 x tp 2 run's model.pt (its slices gathered) exported as GPT-2: transformers'
+    logits are dpt's GPT's with those weights."""
+    from transformers import GPT2LMHeadModel
+
+    from dpt.commands import export
+    from dpt.models.gpt import GPT
+
+    with dpt_logger_kept():
+        export.main([str(runs / "gpt-fsdp2-tp2"), "--to", "hf", str(tmp_path / "hf"), "--last"])
+    gpt2 = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    ours = GPT(256, 16, 2, 2, 32, dropout=0.0, bias=True).eval()
+    ours.load_state_dict(load_weights(runs / "gpt-fsdp2-tp2"))
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (gpt2(tokens).logits - ours(tokens)).abs().max() < 1e-5
 
 
 def _memory(run: Path, folder: str) -> dict[str, float]:
