@@ -98,9 +98,22 @@ def one_line(error: BaseException) -> str:
         return (
             f"no config '{options.group(1)}'; available options in '{options.group(2)}': {choices}"
         )
+    listed = re.search(r"Could not load '([\w-]+)/([^']+)'", text)
+    if listed:  # an option of a group chosen as a list (logger=[tensorboard,comet])
+        group, name = listed.groups()
+        return f"no config '{group}/{name}'; available options in '{group}': {_options(group)}"
     lines = [ln.strip() for ln in text.splitlines()]
     kept = [ln for ln in lines if ln and not ln.startswith(("See https://", "Config search path"))]
     return " ".join(kept).split(" provider=")[0]
+
+
+def _options(group: str) -> str:
+    """The options dpt ships for a config group (its YAML files under dpt/conf/<group>)."""
+    from importlib.resources import files
+
+    folder = files("dpt.conf") / group
+    names = [p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml")]
+    return ", ".join(sorted(names))
 
 
 OVERRIDE_SYNTAX = (

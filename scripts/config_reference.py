@@ -28,7 +28,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 import dpt.conf
-from dpt.config.store import SCHEMAS, Config
+from dpt.config.store import LIST_GROUPS, SCHEMAS, Config
 
 CONF = Path(dpt.conf.__file__).parent
 # Sections of the config that are no group: always there, typed by `Config`'s fields.
@@ -209,7 +209,7 @@ def _composed(*overrides: str) -> dict[str, Any]:
 
 
 @functools.cache  # asked by every group's listing
-def default_choices() -> dict[str, str]:
+def default_choices() -> dict[str, str | list[str]]:
     """Each group's option in the default job (dpt/conf/config.yaml's defaults list)."""
     defaults = OmegaConf.to_container(OmegaConf.load(CONF / "config.yaml").defaults)
     return {k: v for entry in defaults if isinstance(entry, dict) for k, v in entry.items()  # type: ignore[union-attr]
@@ -242,9 +242,12 @@ def group_sections(group: str) -> list[Section]:
         about = header or _schema_about(schema)
         if not about:
             raise ValueError(f"{group}={option}: {path.name} has no header comment")
-        values = _composed(f"{group}={option}")[group]
-        sections.append(_section(f"{group}={option}", schema, group, values, about, comments,
-                                 option == chosen))  # fmt: skip
+        values, root = _composed(f"{group}={option}")[group], _root(group, option)
+        if group in LIST_GROUPS:  # chosen as a list (logger=[...]): under logger.<option>
+            values = values[option]
+        listed = chosen if isinstance(chosen, list) else [chosen]
+        sections.append(_section(f"{group}={option}", schema, root, values, about, comments,
+                                 option in listed))  # fmt: skip
     return sections
 
 
@@ -343,9 +346,20 @@ def _section_lines(section: Section, level: str) -> list[str]:
     return [f"{level} `{section.title}`{chosen}", "", *about, *_table(section.keys), ""]
 
 
+def _root(group: str, option: str) -> str:
+    """Where an option's keys are: `model`, or `logger.mlflow` for a group chosen as a list."""
+    return f"{group}.{option}" if group in LIST_GROUPS else group
+
+
+def _choice(option: str | list[str]) -> str:
+    """`mlp`, or a list's `[tensorboard]` (logger)."""
+    return f"[{','.join(option)}]" if isinstance(option, list) else option
+
+
 def page() -> str:
     lines = [HEADER]
-    choices = " ".join(f"{g}={o}" for g, o in default_choices().items() if g != "experiment")
+    choices = " ".join(f"{g}={_choice(o)}" for g, o in default_choices().items()
+                       if g != "experiment")  # fmt: skip
     lines += [f"The default job: `{choices}`.", ""]
     lines += ["## Always present", ""]
     for section in always_sections():
@@ -381,7 +395,8 @@ def schema_keys(schemas: dict[str, dict[str, type]] | None = None) -> set[tuple[
     found = {(name, f"{name}.{k}") for name in ALWAYS for k, _, _ in _fields(hints[name], "")}
     for group, options in schemas.items():
         for option, schema in options.items():
-            found |= {(f"{group}={option}", f"{group}.{k}") for k, _, _ in _fields(schema, "")}
+            root = _root(group, option)
+            found |= {(f"{group}={option}", f"{root}.{k}") for k, _, _ in _fields(schema, "")}
     for section in sweeper_sections():
         found |= {(section.title, key.name) for key in section.keys}
     return found

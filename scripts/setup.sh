@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create ./.venv and install dpt with its test tools and the docs' tools, from nothing.
+# Create ./.venv and install dpt with its test tools, the docs' tools and the optional trackers
+# (MLflow, W&B: logger=[...]), from nothing.
 #
 # torch and torchvision are installed first as a known-good matching pair (torchvision's compiled
 # ops must match torch's build); pyproject.toml itself only asks for ranges, so an existing
@@ -19,6 +20,6 @@ if [ ! -e /usr/include/jpeglib.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >
 fi
 # shellcheck disable=SC2086  # the spec is a list of requirements
 .venv/bin/pip install --quiet --disable-pip-version-check $torch_spec
-.venv/bin/pip install --quiet --disable-pip-version-check -e ".[dev,docs]"
+.venv/bin/pip install --quiet --disable-pip-version-check -e ".[dev,docs,mlflow,wandb]"
 decoder=$(.venv/bin/python -c "from dpt.data.crop_decode import BOX_DECODER; print(BOX_DECODER)")
 echo "dpt installed in $(pwd)/.venv (JPEG box decoder built: $decoder)"

@@ -456,6 +456,7 @@ def run_docs_block(tag: str, root: Path) -> tuple[Path, dict[str, Result]]:
             "dpt-tokenizer",
             "dpt-shards",
             "dpt-export",
+            "dpt-evaluate",
         )
     }
     cwd, results = root, {}
@@ -591,6 +592,22 @@ def world_rank_runs(rank: int, world: int, runs: list[WorldRun]) -> None:
         done = [run.out.parent / f"{run.out.name}.done{r}" for r in range(world)]
     while not all(marker.exists() for marker in done):  # the last run over on every rank
         time.sleep(0.01)
+
+
+def train_rank(env: Any, run_dir: Path, *overrides: str) -> dict[str, Any]:
+    """This rank's part of `train.py ARGS`'s run in a spawned world (`joined_world`), its
+    config kept where Hydra keeps it (`.hydra/config.yaml`, by rank 0): dpt-predict,
+    dpt-generate and dpt-export build the model from it."""
+    from omegaconf import OmegaConf
+
+    from dpt.launch.launchers import resolved
+    from dpt.loop.train import train
+
+    cfg = OmegaConf.create(resolved(compose(*overrides)))
+    if env.is_main:
+        (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    return train(cfg, env, run_dir)
 
 
 def run_here(run_dir: Path, *overrides: str) -> tuple[dict[str, Any], str]:

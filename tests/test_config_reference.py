@@ -135,6 +135,9 @@ def test_help_composed_config_keys_are_the_reference_keys_of_the_default_job(
     shown = help_text.split("== The composed config", 1)[1].split("\n", 1)[1]
     composed = OmegaConf.to_container(OmegaConf.create(shown.split("\n--help", 1)[0]))
     keys = {key for key, _ in reference._leaves(composed, "")}
-    chosen = {f"{g}={o}" for g, o in reference.default_choices().items()} | set(reference.ALWAYS)
+    choices = reference.default_choices().items()  # logger: a list
+    chosen = {f"{g}={o}" for g, found in choices
+              for o in (found if isinstance(found, list) else [found])}  # fmt: skip
+    chosen |= set(reference.ALWAYS)
     listed = {key for title, key in reference.page_keys(PAGE.read_text()) if title in chosen}
     assert keys == listed

@@ -54,6 +54,7 @@ BIN = Path(sys.executable).parent
 
 # Commands not run, by what they start with, and why.
 SKIPPED = {
+    "mlflow ui": "a server that runs until stopped; tests/test_trackers.py starts this very line",
     "bash scripts/setup.sh": "sets up the environment this test runs in",
     "source .venv/bin/activate": "shell setup; the test calls the environment's binaries directly",
     "tensorboard": "a server that runs until stopped",
@@ -76,6 +77,7 @@ TAGGED = {
     "hf": "tests/test_hf_models.py",
     "finetune": "tests/test_lora_runs.py",
     "pipeline": "tests/test_pipeline_runs.py",
+    "tracking": "tests/test_trackers.py",
 }
 PROGRAMS = {
     "python": [sys.executable],

@@ -280,7 +280,7 @@ def test_documented_message_of_another_command(
     paths = {**_paths(request, (command + message).replace("{tmp}", "")), "tmp": tmp_path}
     program, *args = shlex.split(command.format(**paths))
     module = {"dpt-generate": "generate", "dpt-tokenizer": "tokenizer", "dpt-shards": "shards",
-              "dpt-predict": "predict"}  # fmt: skip
+              "dpt-predict": "predict", "dpt-evaluate": "evaluate"}  # fmt: skip
     main = importlib.import_module(f"dpt.commands.{module[program]}").main
     with pytest.raises(SystemExit) as exited:
         main(args)

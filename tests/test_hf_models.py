@@ -28,6 +28,7 @@ from tests.helpers import (
     load_weights,
     max_abs_diff,
     one_thread,
+    train_rank,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -78,19 +79,9 @@ def _world_runs(folders: dict[str, Path]) -> dict[str, list[str]]:
 
 
 def _ranks(rank: int, world: int, port: int, folders: dict[str, Path]) -> None:
-    from dpt.loop.train import train
-
     with joined_world(rank, world, port) as env:
         for name, overrides in _world_runs(folders).items():
-            _train(train, env, folders["out"] / name, overrides)
-
-
-def _train(train, env, run_dir: Path, overrides: list[str]) -> dict:
-    cfg = OmegaConf.create(resolved(compose(*overrides)))
-    if env.is_main:  # as Hydra keeps it: dpt-generate and dpt-export build the model from it
-        (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
-    return train(cfg, env, run_dir)
+            train_rank(env, folders["out"] / name, *overrides)
 
 
 def _single(run_dir: Path, overrides: list[str]) -> dict:

@@ -26,8 +26,9 @@ from tests.helpers import (
     read_checkpoint,
     run_here,
     run_until,
+    train_rank,
 )
-from tests.test_hf_models import _single, _train
+from tests.test_hf_models import _single
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -58,14 +59,12 @@ def lora_run(folders: dict[str, Path], *extra: str) -> list[str]:
 
 
 def _ranks(rank: int, world: int, port: int, folders: dict[str, Path]) -> None:
-    from dpt.loop.train import train
-
     per_rank = f"trainer.batch_size={GLOBAL_BATCH // 2}"
     with joined_world(rank, world, port) as env:
         for strategy in ("ddp", "fsdp"):
             overrides = lora_run(folders, f"strategy={strategy}", per_rank,
                                  "checkpoint.enabled=false")  # fmt: skip
-            _train(train, env, folders["out"] / strategy, overrides)
+            train_rank(env, folders["out"] / strategy, *overrides)
 
 
 @pytest.fixture(scope="module")

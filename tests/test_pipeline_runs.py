@@ -22,12 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from omegaconf import OmegaConf
 
-from dpt.launch.launchers import resolved
 from tests.helpers import (
     committed_checkpoints,
-    compose,
     dpt_logger_kept,
     free_port,
     joined_world,
@@ -36,6 +33,7 @@ from tests.helpers import (
     rank_pid,
     run_here,
     run_until,
+    train_rank,
 )
 
 pytestmark = pytest.mark.slow
@@ -113,8 +111,6 @@ def _world_runs(out: Path, world: int) -> dict[str, list[str]]:
 
 
 def _ranks(rank: int, world: int, port: int, out: Path) -> None:
-    from dpt.loop.train import train
-
     with joined_world(rank, world, port) as env:
         if world == 2:  # the benchmark's measurement, on this world (its own is the same code)
             from benchmarks.pipeline_parallel import _rank
@@ -123,11 +119,7 @@ def _ranks(rank: int, world: int, port: int, out: Path) -> None:
             if env.is_main:
                 (out / "bench.json").write_text(json.dumps(row))
         for name, overrides in _world_runs(out, world).items():
-            cfg = OmegaConf.create(resolved(compose(*SGD, *overrides)))
-            if env.is_main:  # as Hydra keeps it: dpt-predict builds the model from it
-                (out / name / ".hydra").mkdir(parents=True, exist_ok=True)
-                OmegaConf.save(cfg, out / name / ".hydra" / "config.yaml")
-            train(cfg, env, out / name)
+            train_rank(env, out / name, *SGD, *overrides)
 
 
 def _single(run_dir: Path, *overrides: str) -> dict:

@@ -28,11 +28,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from dpt.config.models import HFModelConfig
 from dpt.config.tensor_parallel import check_tensor_parallel
 from dpt.errors import ConfigError
-from dpt.launch.launchers import resolved
 from tests import hf_folders
 from tests.helpers import (
     committed_checkpoints,
-    compose,
     dpt_logger_kept,
     free_port,
     joined_world,
@@ -41,6 +39,7 @@ from tests.helpers import (
     rank_pid,
     run_here,
     run_until,
+    train_rank,
 )
 
 STEPS, GLOBAL_BATCH = 10, 16
@@ -126,15 +125,9 @@ def _kill_under_fsdp_and_tp(out: Path) -> None:
 
 
 def _ranks(rank: int, world: int, port: int, out: Path) -> None:
-    from dpt.loop.train import train
-
     with joined_world(rank, world, port) as env:
         for name, overrides in _world_runs(out, world).items():
-            cfg = OmegaConf.create(resolved(compose(*SGD, *overrides)))
-            if env.is_main:  # as Hydra keeps it: dpt-export builds the model from it
-                (out / name / ".hydra").mkdir(parents=True, exist_ok=True)
-                OmegaConf.save(cfg, out / name / ".hydra" / "config.yaml")
-            train(cfg, env, out / name)
+            train_rank(env, out / name, *SGD, *overrides)
 
 
 def _single(run_dir: Path, *overrides: str) -> dict:

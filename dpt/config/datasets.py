@@ -53,7 +53,8 @@ class CocoConfig:
 @dataclass
 class ImageFolderConfig:
     _target_: str = "dpt.data.image_folder.ImageFolderData"
-    root: str = MISSING  # <root>/train/<class>/<images>, and <root>/val/<class>/<images> if any
+    # <root>/train/<class>/<images>; <root>/val/... and <root>/test/... (dpt-evaluate's) if any
+    root: str = MISSING
     val_fraction: float = MISSING  # without <root>/val: this share of train, seeded; 0 = none
     image_size: int = at_least(16)
     num_workers: int = at_least(0)
@@ -101,7 +102,9 @@ class TextConfig:
     """Text files as windows of token ids (dpt/data/text.py), for task=language_model."""
 
     _target_: str = "dpt.data.text.TextData"
-    root: str = MISSING  # a text file, or a folder of them (val.txt or val/ for validation)
+    # a text file, or a folder of them (val.txt or val/ for validation, test.txt or test/ for
+    # dpt-evaluate)
+    root: str = MISSING
     extensions: list[str] = checked(_EXTENSIONS)  # a folder's files that are read, by extension
     tokenizer: str | None = MISSING  # bytes (or null): UTF-8 bytes; or a tokenizers JSON file
     block_size: int = MISSING  # tokens a sample trains on (windows of block_size + 1)
@@ -127,7 +130,9 @@ class ChatConfig:
     (dpt/data/chat.py), for task=language_model."""
 
     _target_: str = "dpt.data.chat.ChatData"
-    root: str = MISSING  # a .jsonl, .json, .parquet or .csv file, or a folder of train.* and val.*
+    # a .jsonl, .json, .parquet or .csv file, or a folder of train.* and val.* (and test.*,
+    # dpt-evaluate's)
+    root: str = MISSING
     tokenizer: str | None = MISSING  # bytes (or null), a tokenizers JSON file, or a model folder
     block_size: int = MISSING  # positions a window trains on
     packing: bool = MISSING  # several examples a window (attention kept within each)
@@ -148,6 +153,7 @@ class CustomDatasetConfig:
     _recursive_: bool = False  # the nodes below are built by CustomData, each with its own keys
     train: Any = MISSING  # `_target_`: your Dataset class (or function), and its keys
     val: Any = MISSING  # the same for validation, or null: no validation
+    test: Any = MISSING  # the same for a test split (built by dpt-evaluate alone), or null: none
     # task=classification: how many classes (labels 0 .. N-1); other tasks read the targets.
     num_classes: int | None = at_least(2)
     classes: list[str] | None = MISSING  # names of the classes or outputs in order; null: 0, 1..

@@ -16,6 +16,7 @@ from omegaconf import MISSING, OmegaConf
 from dpt.config.datasets import DATASETS
 from dpt.config.finetune import FinetuneConfig
 from dpt.config.launchers import LAUNCHERS
+from dpt.config.loggers import LOGGERS
 from dpt.config.models import MODELS
 from dpt.config.monitor import MonitorConfig
 from dpt.config.optim import OPTIMIZERS, SCHEDULERS
@@ -38,6 +39,7 @@ class Config:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    logger: Any = field(default_factory=dict)  # the chosen trackers, a key each (logger=[...])
 
 
 # Each config group's options and their schemas (`schema/<group>/<option>` in the ConfigStore).
@@ -49,7 +51,11 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "launcher": LAUNCHERS,
     "optimizer": OPTIMIZERS,
     "scheduler": SCHEDULERS,
+    "logger": LOGGERS,
 }
+# Groups chosen as a list (`logger=[tensorboard,mlflow]`): each option's keys are under
+# `<group>.<option>` (its YAML's `@package`).
+LIST_GROUPS = ("logger",)
 
 
 def cpu_cores() -> int:

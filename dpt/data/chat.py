@@ -2,7 +2,7 @@
 library from local files only) as windows of token ids whose targets are the answers alone.
 
 - `dataset.root`: a file (its last `dataset.val_fraction` of rows validate), or a folder with
-  `train.<ext>` and `val.<ext>`.
+  `train.<ext>` and `val.<ext>`, and `test.<ext>` for dpt-evaluate (read only when asked for).
 - Each row becomes tokens and which of them are answer tokens (dpt/data/conversations.py); a
   target outside the answers is IGNORE_INDEX, which task=language_model leaves out of its loss
   and perplexity. A row longer than `block_size + 1` tokens is cut (said once); one whose
@@ -17,6 +17,7 @@ library from local files only) as windows of token ids whose targets are the ans
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from torch.utils.data import Dataset
 
 from dpt.data.conversations import ChatFormat, folder_format, segments
 from dpt.data.loaders import StackedBatch
+from dpt.data.splits import SPLITS, TEST, TRAIN, VAL
 from dpt.data.tokenizer import Tokenizer, load_tokenizer
 from dpt.errors import DptError
 from dpt.loggers import ONCE_LOGGER_NAME
@@ -70,6 +72,7 @@ class ChatData:
         # Its targets leave the prompts out: the loss is weighed by the answers' tokens per
         # micro-batch and rank (dpt.loop.trainer.Trainer.scored_shares).
         self.masks_targets = True
+        self.root, self.block_size, self.packing = Path(root), block_size, packing  # for `test`
         cut = made[0].cut + made[1].cut
         if cut:
             once.warning(f"chat: {cut} example(s) longer than model.block_size={block_size} + 1 "
@@ -78,6 +81,24 @@ class ChatData:
                   f"of {block_size} ({'packed' if packing else 'one example each'}), "
                   f"{made[0].answer_tokens:,} answer tokens; {len(val_rows):,} validation "
                   "examples")  # fmt: skip
+
+    @functools.cached_property
+    def test(self) -> ChatWindows | None:
+        """A folder's `test.<ext>` rows as windows; None where it has none (or root is a file)."""
+        found = _split_file(self.root, TEST, required=False) if self.root.is_dir() else None
+        if found is None:
+            return None
+        examples = Examples(_rows(found), self.tokenizer, self.chat_format, self.block_size)
+        return ChatWindows(examples, self.block_size, self.packing)
+
+    def missing_split(self, split: str) -> str:
+        """Why there is no `split` (dpt.data.splits), naming the split files there are."""
+        kinds = ", ".join(f"{split}{ext}" for ext in BUILDERS)
+        if not self.root.is_dir():
+            return f"the chat file {self.root} is one file: no {split} file ({kinds}) beside it"
+        has = ", ".join(p.name for p in sorted(self.root.iterdir())
+                        if p.stem in SPLITS and p.suffix in BUILDERS)  # fmt: skip
+        return f"the chat folder {self.root} has no {split} file ({kinds}; it has {has})"
 
 
 def chat_format(
@@ -101,7 +122,7 @@ def chat_format(
 def read_rows(root: Path, val_fraction: float) -> tuple[list[tuple[str, dict]], list]:
     """(where, row) of the training rows and of the validation rows."""
     if root.is_dir():
-        train, val = _split_file(root, "train"), _split_file(root, "val", required=False)
+        train, val = _split_file(root, TRAIN), _split_file(root, VAL, required=False)
         return _rows(train), _rows(val) if val else []
     rows = _rows(root)
     keep = len(rows) - int(len(rows) * val_fraction)

@@ -1,10 +1,11 @@
 """`dataset=custom`: plain `torch.utils.data.Dataset` classes of yours, one for training and one
 for validation, each built from its own config node (`dataset.train`, `dataset.val`); no wrapper
 object needed. The input shape and what the targets are come from the first readable training
-sample."""
+sample. `dataset.test`, the same for a test split, is built only when dpt-evaluate asks for it."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -13,9 +14,12 @@ from torch.utils.data import Dataset
 
 from dpt.config.build import build_as
 from dpt.contract import first_sample, takes_keyword
+from dpt.data.splits import SPLITS, TEST, split_of
 from dpt.errors import DptError
 from dpt.targets import Targets
 from dpt.user_code import locate
+
+TEST_KEY = f"dataset.{TEST}"
 
 
 class CustomData:
@@ -29,7 +33,9 @@ class CustomData:
         classes: list[str] | None,
         num_workers: int,
         seed: int,
+        test: DictConfig | None = None,
     ) -> None:
+        self.test_node, self.seed = test, seed  # built on first use: training never reads it
         self.train = build_dataset(train, "dataset.train", seed)
         self.val = None if val is None else build_dataset(val, "dataset.val", seed)
         inputs, target = first_sample(self.train, "dataset.train")
@@ -38,6 +44,18 @@ class CustomData:
         self.num_classes = num_classes
         self.classes = None if classes is None else list(classes)
         self.num_workers = num_workers
+
+    @functools.cached_property
+    def test(self) -> Dataset | None:
+        """`dataset.test`'s Dataset; None where it is null."""
+        if self.test_node is None:
+            return None
+        return build_dataset(self.test_node, TEST_KEY, self.seed)
+
+    def missing_split(self, split: str) -> str:
+        """Why there is no `split` (dpt.data.splits): its node is null."""
+        has = ", ".join(f"dataset.{name}" for name in SPLITS if split_of(self, name) is not None)
+        return f"the data set has no {split} split: dataset.{split} is null (it has {has})"
 
 
 def build_dataset(node: DictConfig, key: str, seed: int) -> Dataset:

@@ -1,6 +1,7 @@
-"""The `dataset=image_folder` layout, `<root>/train/<class>/<images>` (and `<root>/val/...`),
-scanned and checked without torch: the launcher calls `check_layout` before any process starts,
-so a wrong folder answers in a fraction of a second, as a one-line ConfigError."""
+"""The `dataset=image_folder` layout, `<root>/train/<class>/<images>` (and `<root>/val/...`, and
+`<root>/test/...` for dpt-evaluate), scanned and checked without torch: the launcher calls
+`check_layout` before any process starts, so a wrong folder answers in a fraction of a second, as
+a one-line ConfigError. The test folder is scanned only when asked for (`scan_test`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Literal
 
 from PIL import Image
 
+from dpt.data.splits import SPLITS, TEST, TRAIN, VAL
 from dpt.errors import ConfigError
 
 # registered_extensions() loads PIL's plugins, which fill Image.OPEN: it must come first. PIL
@@ -59,11 +61,11 @@ def scan_layout(root: str | os.PathLike[str], val_fraction: float, seed: int) ->
     _check_fraction(val_fraction)
     if not os.path.isdir(root):
         raise _layout_error(root, "folder not found")
-    train_dir = os.path.join(root, "train")
+    train_dir = os.path.join(root, TRAIN)
     if not os.path.isdir(train_dir):
         raise _layout_error(root, f"no train/ folder (expected {_expected(train_dir)})")
     classes, train = _scan_split(root, train_dir)
-    val_dir = os.path.join(root, "val")
+    val_dir = os.path.join(root, VAL)
     if os.path.isdir(val_dir):
         val_classes, val = _scan_split(root, val_dir)
         _check_same_classes(root, train_dir, classes, val_dir, val_classes)
@@ -78,6 +80,24 @@ def scan_layout(root: str | os.PathLike[str], val_fraction: float, seed: int) ->
             f"{_expected(os.path.join(root, 'val'))}"
         )
     return Layout(root, classes, train, val, "split")
+
+
+def scan_test(root: str | os.PathLike[str], classes: list[str]) -> list[Sample] | None:
+    """The (path, label) of every image of `<root>/test/<class>/`, labelled as training's
+    `classes`; None where there is no test folder. Raises ConfigError for a bad one (its class
+    folders must be train/'s)."""
+    root = os.fspath(root)
+    test_dir = os.path.join(root, TEST)
+    if not os.path.isdir(test_dir):
+        return None
+    test_classes, samples = _scan_split(root, test_dir)
+    _check_same_classes(root, os.path.join(root, TRAIN), classes, test_dir, test_classes)
+    return samples
+
+
+def split_folders(root: str | os.PathLike[str]) -> list[str]:
+    """The split folders `root` holds (`train/`, `val/`, `test/`), for a message."""
+    return [f"{name}/" for name in SPLITS if os.path.isdir(os.path.join(root, name))]
 
 
 def split_off(
@@ -226,8 +246,9 @@ def _check_same_classes(
     if missing:
         problems.append(f"{val_dir} lacks classes that {train_dir} has: {_names(missing)}")
     if problems:
+        split = os.path.basename(val_dir)
         raise _layout_error(
-            root, "; ".join(problems) + " (val/ must have the same class folders as train/)"
+            root, "; ".join(problems) + f" ({split}/ must have the same class folders as train/)"
         )
 
 

@@ -1,8 +1,10 @@
 """The `dataset=image_folder` module: `<root>/train/<class>/<images>`, validation from
-`<root>/val/<class>/<images>` or a seeded split of train (the layout: dpt/data/folder_layout.py)."""
+`<root>/val/<class>/<images>` or a seeded split of train, and a test split from
+`<root>/test/<class>/<images>` for dpt-evaluate (the layout: dpt/data/folder_layout.py)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -11,7 +13,7 @@ from typing import Any
 import torch
 
 from dpt.data.crop_decode import RandomResizedCropDecode
-from dpt.data.folder_layout import Layout, scan_layout
+from dpt.data.folder_layout import Layout, scan_layout, scan_test, split_folders
 from dpt.data.images import (
     BadImages,
     Decoder,
@@ -85,9 +87,26 @@ class ImageFolderData:
         self.input_shape: tuple[int, ...] = (3, image_size, image_size)
         self.num_classes = len(layout.classes)
         self.num_workers = num_workers
+        self.image_size, self.on_bad_image = image_size, on_bad_image  # the test split's too
         # dpt-predict rebuilds the validation transform from this node (see dpt/contract.py).
         self.val_transform = {"_target_": "dpt.data.images.val_transform", "image_size": image_size}
         _log_layout(layout, val_fraction, seed)
+
+    @functools.cached_property
+    def test(self) -> ImageFolderDataset | None:
+        """`<root>/test/<class>/<images>`, through the validation transform; None without a
+        test folder. Scanned on first use: training never reads it."""
+        samples = scan_test(self.root, self.classes)
+        if samples is None:
+            return None
+        return ImageFolderDataset(
+            samples, self.classes, val_transform(self.image_size), self.on_bad_image
+        )
+
+    def missing_split(self, split: str) -> str:
+        """Why there is no `split` (dpt.data.splits), naming the folders there are."""
+        has = ", ".join(split_folders(self.root))
+        return f"the image folder {self.root} has no {split}/ folder (it has {has})"
 
 
 def _log_layout(layout: Layout, val_fraction: float, seed: int) -> None:

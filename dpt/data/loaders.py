@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-from torch.utils.data import DataLoader, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from dpt.contract import DataModule, input_dtype
 from dpt.data.position import DataPosition
@@ -281,10 +281,28 @@ def build_loaders(
     if data.val is not None:
         # Validation shards over `val_env` where given (every rank of a pipeline validates
         # with the whole model, while its training batches are its replica's).
-        shard = val_env or env
-        val_sampler = ShardSampler(len(data.val), shard.rank, shard.world_size)
-        val = DataLoader(data.val, batch_size=batch_size, sampler=val_sampler, **common)
+        val = _eval_loader(data.val, val_env or env, batch_size, common)
     return Loaders(train, sampler, val, batch_size, env.world_size)
+
+
+def eval_loader(
+    data: DataModule,
+    split: Dataset,
+    env: DistEnv,
+    batch_size: int,
+    seed: int,
+    targets: Targets | None = None,
+) -> DataLoader:
+    """A loader of `split` (the data set's val or test) as validation reads its split: every
+    sample once over the ranks, in index order, with training's collate and workers."""
+    return _eval_loader(split, env, batch_size, _loader_options(data, env, seed, None, targets))
+
+
+def _eval_loader(
+    split: Dataset, env: DistEnv, batch_size: int, options: dict[str, Any]
+) -> DataLoader:
+    sampler = ShardSampler(len(split), env.rank, env.world_size)  # type: ignore[arg-type]
+    return DataLoader(split, batch_size=batch_size, sampler=sampler, **options)
 
 
 def _loader_options(

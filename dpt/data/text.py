@@ -3,8 +3,10 @@ and read as windows of `block_size + 1` tokens (the input, and the targets one t
 
 - Training text: `dataset.root` itself (a file), or every file under it with one of
   `dataset.extensions` (`.txt` by default; sorted, hidden ones and a `val` folder or `val.txt`
-  left out). Validation: `<root>/val.txt` (`val<ext>`) or `<root>/val/` where there is one, else
-  the last `dataset.val_fraction` of the training tokens.
+  left out, and so are `test.txt` and `test/`). Validation: `<root>/val.txt` (`val<ext>`) or
+  `<root>/val/` where there is one, else the last `dataset.val_fraction` of the training tokens.
+- Test (dpt-evaluate's alone): `<root>/test.txt` (`test<ext>`) or `<root>/test/`, tokenized
+  (and cached) only when asked for.
 - Tokens are cached in `dataset.cache_dir` (default `$XDG_CACHE_HOME/dpt/tokens`) under a key of
   the texts' contents and the tokenizer's: the same text and tokenizer are tokenized once,
   whichever run, rank or world asks; a changed text or tokenizer is tokenized anew. Every rank
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -30,7 +33,15 @@ import torch
 from torch.utils.data import Dataset
 
 from dpt.data.loaders import StackedBatch
-from dpt.data.text_files import CONFIG, EXTENSIONS, VAL, Spelling, text_files
+from dpt.data.splits import TEST, VAL
+from dpt.data.text_files import (
+    CONFIG,
+    EXTENSIONS,
+    Spelling,
+    held_out_names,
+    split_files,
+    text_files,
+)
 from dpt.data.tokenizer import Tokenizer, load_tokenizer
 from dpt.errors import DptError
 from dpt.loggers import ONCE_LOGGER_NAME
@@ -114,6 +125,9 @@ class TextData:
         self.num_classes = self.tokenizer.vocab_size  # one class a token: the model's outputs
         self.target_spec = Targets(integer=True, shape=(block_size,), classes=self.num_classes)
         self.num_workers = num_workers
+        # What the test split is read with, on first use (training never asks for it).
+        self.root, self.extensions, self.cache = root, tuple(extensions), cache
+        self.block_size = block_size
         train_tokens = tokens["train"]["count"]
         val_tokens = tokens[VAL]["count"] if tokens.get(VAL) else 0
         name, ids = self.tokenizer.name, self.tokenizer.vocab_size
@@ -121,12 +135,31 @@ class TextData:
                  f"{block_size + 1}), {val_tokens:,} validation tokens; tokenizer {name} "
                  f"({ids:,} ids)")  # fmt: skip
 
+    @functools.cached_property
+    def test(self) -> TokenWindows | None:
+        """`<root>/test.txt` or `<root>/test/`'s windows; None where there is neither."""
+        files = split_files(Path(self.root), self.extensions, TEST)
+        if not files:
+            return None
+        # Cached as a text of its own (a training text's role in the cache: no share held out).
+        tokens = cached_tokens(files, [], self.tokenizer, self.cache, val_fraction=0.0)
+        return _windows({TEST: tokens["train"]}, TEST, self.block_size, self.root)
+
+    def missing_split(self, split: str) -> str:
+        """Why there is no `split` (dpt.data.splits), naming the held-out texts there are."""
+        root = Path(self.root)
+        if not root.is_dir():
+            return f"the text {root} is one file: no {split} split (a folder holds {split}.txt)"
+        has = ", ".join(["training texts", *held_out_names(root, self.extensions)])
+        ext = next(iter(self.extensions))
+        return f"the text folder {root} has no {split}{ext} nor {split}/ (it has {has})"
+
 
 def _windows(tokens: dict[str, Any], role: str, block_size: int, root: str) -> TokenWindows:
     found = tokens[role]
     windows = TokenWindows(Path(found["path"]), found["count"], found["dtype"], block_size)
     if len(windows) == 0:
-        where = "validation text" if role == VAL else "text"
+        where = {VAL: "validation text", TEST: "test text"}.get(role, "text")
         raise DptError(
             f"dataset.root={root}: the {where} has {found['count']} tokens, shorter than one "
             f"window of dataset.block_size + 1 = {block_size + 1} tokens"

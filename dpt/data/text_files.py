@@ -2,8 +2,9 @@
 them, for errors: torch-free, so that a command's `--help` and bad arguments answer at once.
 
 A text is `root` itself (a file), or every file under it with one of the extensions (`.txt` by
-default; sorted, hidden ones and a `val` folder or `val.txt` left out). Validation: `val<ext>`
-or a `val/` folder under the root where there is one.
+default; sorted, hidden ones and the `val` and `test` folders or files left out). Validation:
+`val<ext>` or a `val/` folder under the root where there is one; the test split (dpt-evaluate's
+alone: no training command reads it), `test<ext>` or a `test/` folder.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpt.data.splits import TEST, VAL
 from dpt.data.tokenizer import KEY as TOKENIZER_KEY
 from dpt.errors import DptError
 
-VAL = "val"
+HELD_OUT = (VAL, TEST)  # the splits a folder's files or subfolders of those names are
 EXTENSIONS = (".txt",)  # dataset.extensions' default: the files a text folder is read from
 
 
@@ -42,11 +44,10 @@ def text_files(
         return [root], []
     if not root.is_dir():
         raise DptError(f"{named}: no such file or folder")
-    val_file = next((root / f"{VAL}{ext}" for ext in extensions
-                     if (root / f"{VAL}{ext}").is_file()), None)  # fmt: skip
-    val = [val_file] if val_file else _files_under(root / VAL, extensions)
+    val = split_files(root, extensions, VAL)
+    held_out = {*val, *split_files(root, extensions, TEST)}
     train = [p for p in _files_under(root, extensions)
-             if p not in val and VAL not in p.relative_to(root).parts[:1]]  # fmt: skip
+             if p not in held_out and p.relative_to(root).parts[0] not in HELD_OUT]  # fmt: skip
     if not train:
         listed = ", ".join(extensions)
         others = sorted({p.suffix for p in root.rglob("*.*") if p.is_file()} - set(extensions))
@@ -56,6 +57,26 @@ def text_files(
             hint = f"; it holds {', '.join(others[:5])} files: {read} reads those"
         raise DptError(f"{named}: no {listed} file here{hint}")
     return train, val
+
+
+def split_files(root: Path, extensions: Sequence[str], split: str) -> list[Path]:
+    """A folder's texts of a held-out split (`val`, `test`): `<split><ext>`, else the files
+    under `<split>/` (none: the folder has no such split, or `root` is a file)."""
+    if not root.is_dir():
+        return []
+    found = next((root / f"{split}{ext}" for ext in extensions
+                  if (root / f"{split}{ext}").is_file()), None)  # fmt: skip
+    return [found] if found else _files_under(root / split, extensions)
+
+
+def held_out_names(root: Path, extensions: Sequence[str]) -> list[str]:
+    """The held-out splits' files and folders `root` holds (`val.txt`, `test/`), for a message."""
+    names = []
+    for split in HELD_OUT:
+        files = split_files(root, extensions, split)
+        if files:
+            names.append(files[0].name if files[0].parent == root else f"{split}/")
+    return names
 
 
 def _files_under(folder: Path, extensions: Sequence[str]) -> list[Path]:

@@ -34,7 +34,8 @@ def place(run_dir: Path) -> TbPlace:
         return TbPlace(run_dir / TB_FOLDER, writes_experiment=True, groups=groups)
     sweep_dir = Path(hydra_cfg.sweep.dir).absolute()
     label = job_label(int(hydra_cfg.job.num), list(hydra_cfg.overrides.task), swept_keys(sweep_dir))
-    return TbPlace(sweep_dir / TB_FOLDER / label, writes_experiment=False, groups=groups)
+    return TbPlace(sweep_dir / TB_FOLDER / label, writes_experiment=False, groups=groups,
+                   sweep_dir=sweep_dir)  # fmt: skip
 
 
 def group_choices(hydra_cfg: Any) -> dict[str, str]:

@@ -24,6 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dpt.errors import Abort, DptError, one_line
+from dpt.launch.sweep_trackers import close_sweep, open_sweep
 from dpt.monitor.events import read_events
 from dpt.observe import dashboard
 from dpt.observe.dashboard import write_sweep_experiment
@@ -45,6 +46,9 @@ class SweepSummary(Callback):
 
     def __init__(self, stop_on_failure: bool = False) -> None:
         self.stop_on_failure = stop_on_failure
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        open_sweep(config, Path(config.hydra.sweep.dir).absolute())
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if _is_multirun(config):
@@ -84,6 +88,7 @@ class SweepSummary(Callback):
         metrics = dashboard.session_metrics(val_metrics_of(records))
         write_sweep_experiment(sweep_dir, [hparams for hparams in runs if hparams], metrics)
         failed = [r for r in records if r["status"] in FAILED_STATES]
+        close_sweep(sweep_dir.absolute(), bool(failed))
         if failed and _is_search(config) and len(failed) < len(records):
             print(f"[sweep] {len(failed)} of {len(records)} trials failed; a search goes on past "
                   "them (hydra.sweeper.max_failure_rate)", file=sys.stderr)  # fmt: skip

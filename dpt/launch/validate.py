@@ -39,6 +39,7 @@ from dpt.config.tensor_parallel import check_tensor_parallel
 from dpt.config.trainer import objectives
 from dpt.data.tokenizer import BYTES, RUN_FILE, tokenizer_file
 from dpt.errors import ConfigError
+from dpt.launch.logger_checks import check_loggers
 from dpt.tasks import fit
 from dpt.user_code import check_importable, check_moved
 
@@ -84,6 +85,8 @@ def validate(cfg: DictConfig) -> None:
     _validate_launcher(cfg)
     check_fields(cfg.strategy, "strategy")
     _validate_tensor_parallel(cfg)
+    check_fields(cfg.logger, "logger")
+    check_loggers(cfg)
     if OmegaConf.get_type(cfg.strategy) is FSDPConfig:
         _validate_fsdp(cfg.trainer)
     if OmegaConf.get_type(cfg.strategy) is PipelineConfig:

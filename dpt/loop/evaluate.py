@@ -89,11 +89,14 @@ def evaluate(
     to_device: Callable[[torch.Tensor], torch.Tensor],
     lockstep: torch.Tensor | None = None,
     counted: bool = True,
+    on_batch: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> dict[str, float]:
     """World-wide loss and the task's metrics; all ranks must call it. `lockstep` (one input of
     zeros; fsdp, whose every forward is a collective): every rank runs as many
     forwards as the rank with the most batches, the missing ones on that input. `counted`
-    false: the forwards run (collectives of a tensor-parallel group), the metrics skip them."""
+    false: the forwards run (collectives of a tensor-parallel group), the metrics skip them.
+    `on_batch(outputs, targets)`: sees each counted batch after the task's metrics did
+    (dpt-evaluate's per-class table, confusion matrix and scatter plot)."""
     # Here: a run without validation never pays for the import.
     torchmetrics = import_torchmetrics(any_metric=task.kind == CUSTOM)
 
@@ -130,6 +133,8 @@ def evaluate(
         collection["loss"].update(losses, weight=1.0 if weight is None else weight)
         collection["samples"].update(torch.tensor(float(len(targets))))
         task.update(own, outputs, targets)
+        if on_batch is not None:
+            on_batch(outputs, targets)
     for _ in range(padding):
         _forward_in_step(model, lockstep, autocast, to_device)
     model.train(was_training)

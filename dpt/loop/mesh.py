@@ -34,6 +34,10 @@ class Degrees:
         stage, rest = divmod(rank, self.dp * self.tp)
         return stage, rest // self.tp, rest % self.tp
 
+    def rank(self, stage: int, replica: int, part: int) -> int:
+        """The rank at (stage, replica, part): `position`'s inverse."""
+        return (stage * self.dp + replica) * self.tp + part
+
     def data_env(self, env: DistEnv) -> DistEnv:
         """Where this rank stands among the replicas: every rank of a replica (its stages and
         its tensor parts) reads the replica's batches."""

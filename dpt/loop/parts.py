@@ -80,6 +80,11 @@ class RunConfig:
                    OmegaConf.to_yaml(cfg))  # fmt: skip
 
 
+def _tensorboard_flush(cfg: DictConfig) -> float | None:
+    """logger.tensorboard.flush_s; None where `logger=[...]` leaves tensorboard out."""
+    return OmegaConf.select(cfg, "logger.tensorboard.flush_s")
+
+
 def _typed(schema: type[T], node: DictConfig) -> T:
     # Resolved in place first: an interpolation (monitor.nonfinite.action) reads the whole config.
     values = OmegaConf.to_container(node, resolve=True)
@@ -175,7 +180,8 @@ def build_parts(
         optimizer=optimizer, scheduler=scheduler, precision=precision, to_device=to_device,
         metrics=MetricsLogger(tb or one_run(run_dir), env, total_steps,
                               _rank_scalars(MemoryUse(model, optimizer), strategy), throughput,
-                              copies=strategy.copies),
+                              copies=strategy.copies,
+                              flush_s=_tensorboard_flush(cfg.groups)),
         agreement=Agreement(env, total_steps, cfg.monitor.nonfinite.action, t.log_every_n_steps,
                             every_step=monitor.every_step),
         monitor=monitor,

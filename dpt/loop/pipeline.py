@@ -181,7 +181,7 @@ class Pipeline(Strategy):
             # Every rank makes every group, in one order: one per replica and tensor part (both
             # ends hold the same slice of the matrix).
             for replica, part in itertools.product(range(degrees.dp), range(degrees.tp)):
-                ranks = [(p * degrees.dp + replica) * degrees.tp + part for p in positions]
+                ranks = [degrees.rank(p, replica, part) for p in positions]
                 group = dist.new_group(ranks)
                 if self.position in positions and (replica, part) == (self.replica, self.part):
                     self.ties.append((name, group))

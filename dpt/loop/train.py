@@ -26,12 +26,18 @@ from dpt.loop.trainer import Trainer, TrainResult
 from dpt.observe import dashboard
 from dpt.observe.logs import setup_logging
 from dpt.observe.metrics import Speed, done_speeds
+from dpt.observe.trackers import Trackers
+from dpt.observe.trackers.opening import open_trackers, run_tags
+from dpt.observe.trackers.tracker import RunInfo
 from dpt.state import checkpoint
-from dpt.state.results import LAST_MODEL, METRICS_FILE, write_run_data
+from dpt.state.results import BEST_MODEL, DATA_FILE, LAST_MODEL, METRICS_FILE, write_run_data
 from dpt.state.stateful import full_state_dict
 from dpt.tasks import objective
 
 log = logging.getLogger("dpt")
+
+# How a run ended, as its trackers record it (`ended` in `_fit`; None: stopped to be resumed).
+TRACKER_STATUS = {True: "FINISHED", False: "FAILED", None: "KILLED"}
 
 
 def train(
@@ -53,7 +59,7 @@ def train(
     if env.is_main:  # where to look, and what `hydra.run.dir=` resumes
         log.info(f"run folder {run_dir}")
     parts.checkpoints.restarted = bool(restart)
-    done = _resume(trainer, parts, restart)
+    resumed, done = _resume(trainer, parts, restart)
     if done is not None:
         parts.metrics.close()
         return done
@@ -61,6 +67,8 @@ def train(
     if env.is_main:  # before the first step: a run cut short still leaves what predict needs
         write_run_data(run_dir, parts.run_data, parts.run_files)
     hparams = _hparams(cfg, env, parts.global_batch, tb.groups)
+    if env.is_main:  # MLflow, W&B, CSV: one line here, before training, where one cannot start
+        parts.metrics.trackers = _trackers(cfg, parts, hparams, tb, resumed)
     metrics = list(val_metrics(cfg.task))
     parts.metrics.start_session(hparams, dashboard.session_metrics(metrics))
     return _fit(cfg, trainer, hparams, metrics)
@@ -82,6 +90,7 @@ def _fit(
         summary["objective"] = _objective(cfg, parts).record(summary)
         if summary["objective"]["value"] is not None:  # HPARAMS lists it for every run
             parts.metrics.scalars({"objective": summary["objective"]["value"]}, result.steps)
+        summary["history"] = parts.metrics.history.rows  # the world's metrics at their steps
         # All ranks: fsdp gathers the shards to rank 0, a pipeline its stages.
         weights = full_state_dict(parts.strategy.whole_model(parts.model))
         if env.is_main:
@@ -91,6 +100,7 @@ def _fit(
                 f"run folder {parts.run_dir}"
             )
             write_outputs(parts.run_dir, weights, summary)
+            parts.metrics.trackers.log_files(run_files(parts.run_dir))
         ended = True
     except Interrupted:
         ended = None  # stopped to be resumed: the session goes on in the resumed run
@@ -99,22 +109,49 @@ def _fit(
         if ended is not None:
             parts.metrics.end_session(ok=ended)
         parts.metrics.close()
+        parts.metrics.trackers.close(TRACKER_STATUS[ended])
         parts.loaders.close()  # its loader workers end with the run, not at a later collection
     return summary
 
 
-def _resume(trainer: Trainer, parts: Parts, restart: str) -> dict[str, Any] | None:
+def _resume(
+    trainer: Trainer, parts: Parts, restart: str
+) -> tuple[checkpoint.Committed | None, dict[str, Any] | None]:
     """Load the checkpoint `checkpoint.resume` picks, with the config's changed settings in
-    effect; a finished run's summary when there is nothing left to train."""
+    effect; returns it, and a finished run's summary when there is nothing left to train."""
     resumed = trainer.resume()
     if resumed is None:
-        return None
+        return None, None
     log.info(f"{restart}resumed from {resumed.path} at step {resumed.step}")
     resume_apply.after_load(trainer, resumed.changes)
     resume_apply.replan(trainer)  # batches a rollback skipped before the checkpoint: fewer steps
-    return finished(
-        parts.run_dir, resumed, parts.total_steps, parts.env, length_key(parts.settings)
-    )
+    length = length_key(parts.settings)
+    return resumed, finished(parts.run_dir, resumed, parts.total_steps, parts.env, length)
+
+
+def _trackers(
+    cfg: DictConfig,
+    parts: Parts,
+    hparams: dict[str, Any],
+    tb: dashboard.TbPlace,
+    resumed: checkpoint.Committed | None,
+) -> Trackers:
+    """Rank 0's trackers (logger=[...]), told the run's config and whether it continues."""
+    run_dir = parts.run_dir
+    name = tb.folder.name if tb.sweep_dir else f"{run_dir.parent.name}/{run_dir.name}"
+    tags = run_tags(parts.strategy.name, parts.env.world_size, parts.task.kind)
+    info = RunInfo(run_dir, name, hparams, tags, resumed is not None,
+                   parts.metrics.history.rows, tb.sweep_dir)  # fmt: skip
+    return open_trackers(cfg.logger, info)
+
+
+def run_files(run_dir: Path) -> list[Path]:
+    """What a run hands its trackers at the end: its config, results, data facts and model
+    (the best epoch's where it kept one)."""
+    model = run_dir / BEST_MODEL
+    model = model if model.exists() else run_dir / LAST_MODEL
+    return [run_dir / ".hydra" / "config.yaml", run_dir / METRICS_FILE, run_dir / DATA_FILE,
+            model]  # fmt: skip
 
 
 def finished(

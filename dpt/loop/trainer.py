@@ -341,6 +341,7 @@ class Trainer:
             "best_model": self.parts.best_model,
             "monitor_levels": self.monitor.levels,  # rolled back with the model
             "monitor": self.monitor.history,  # kept by a rollback: what the run went through
+            "history": self.metrics.history,  # the world's metrics: metrics.json, metrics.csv
         }
         return {
             "model": ModelState(self.model, trainable_only=self.parts.adapter_only),

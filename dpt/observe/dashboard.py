@@ -55,6 +55,7 @@ class TbPlace:
     folder: Path  # where this run's rank<k>/ and world/ folders go
     writes_experiment: bool  # False in a sweep: the sweep writes the one experiment
     groups: dict[str, str] = field(default_factory=dict)  # each config group's option
+    sweep_dir: Path | None = None  # a sweep's job: the sweep's folder (its trackers' parent run)
 
 
 def one_run(run_dir: Path) -> TbPlace:

@@ -28,12 +28,14 @@ from dpt.observe import dashboard
 from dpt.observe.dashboard import WORLD
 from dpt.observe.flops import Throughput
 from dpt.observe.logs import HeldLines
+from dpt.observe.trackers import Trackers
+from dpt.observe.world_history import WorldHistory
 
 log = logging.getLogger("dpt")
 
 # How long written scalars are held before they go to their event files, all in one write each
 # (dpt.observe.event_file): framing and writing them costs the training thread less in bulk,
-# with its caches warm, than one window at a time.
+# with its caches warm, than one window at a time. Where logger.tensorboard.flush_s is not set.
 HOLD_S = 1.0
 
 # The payload one rank sends at an agreement (see `MetricsLogger.payload`): SINCE, then
@@ -158,8 +160,15 @@ class MetricsLogger:
         memory: Callable[[], dict[str, float]] | None = None,  # per-rank sizes (dpt.observe.memory)
         throughput: Throughput | None = None,  # tokens/s and MFU, for models of tokens
         copies: int = 1,  # ranks that train each sample (a pipeline's stages)
+        # logger.tensorboard.flush_s; None: no event files (a logger list without tensorboard)
+        flush_s: float | None = HOLD_S,
     ) -> None:
         self.env, self.tb = env, tb
+        self.tensorboard, self.flush_s = flush_s is not None, flush_s or HOLD_S
+        # Rank 0: the world's numbers at their steps (metrics.json's history), and the trackers
+        # that get them as they are made (set once the run knows whether it resumes).
+        self.history = WorldHistory()
+        self.trackers = Trackers([])
         self.copies = copies
         self.memory, self.throughput = memory, throughput
         self.total_steps = total_steps
@@ -308,9 +317,9 @@ class MetricsLogger:
     def event(self, tag: str, value: float, text: str, step: int) -> None:
         """Rank 0: a monitor event on TensorBoard, in the world folder: a point on the detector's
         own curve (`monitor/<detector>`) and a line of the text log (`monitor/events`)."""
+        self._world({tag: value}, step, time.time())
         if not self.env.is_main:
             return
-        self._hold(WORLD, {tag: value}, step, time.time())
         from dpt.observe.event_file import summary_event
 
         self.flush()  # in order with the scalars held before it
@@ -369,11 +378,10 @@ class MetricsLogger:
             self._steady[1] += seconds
         self.windows_written += 1
         stragglers = self.stragglers.update([r["work_s"] / r["steps"] for r in world])
-        if self.env.is_main:
-            world_scalars = {"train/loss": self.last_world_loss,
-                             "train/samples_per_s": world_samples_s, **stragglers,
-                             **self._throughput(world_samples_s, len(world))}  # fmt: skip
-            self._hold(WORLD, world_scalars, window.step, window.wall_time)
+        world_scalars = {"train/loss": self.last_world_loss,
+                         "train/samples_per_s": world_samples_s, **stragglers,
+                         **self._throughput(world_samples_s, len(world))}  # fmt: skip
+        self._world(world_scalars, window.step, window.wall_time)
         self.lines.add(
             f"epoch {window.epoch + 1} | step {window.step}/{self.total_steps} | "
             f"loss {loss:.4f} | {mine['samples'] / elapsed:,.0f} samples/s"
@@ -417,8 +425,17 @@ class MetricsLogger:
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         """Already-aggregated values (e.g. validation): rank 0 writes them to the world folder."""
-        if self.env.is_main and values:
-            self._hold(WORLD, values, step, time.time())
+        if values:
+            self._world(values, step, time.time())
+
+    def _world(self, scalars: dict[str, float], step: int, wall_time: float) -> None:
+        """The world's numbers (the same on every rank): into the history on every rank (each
+        checkpoints it alike); rank 0 writes them to the world folder and hands them to the
+        trackers (their calls wait in the trackers' own thread, never in the loop)."""
+        self.history.add(scalars, step)
+        if self.env.is_main:
+            self._hold(WORLD, scalars, step, wall_time)
+            self.trackers.log_metrics(scalars, step, wall_time)
 
     def start_session(self, hparams: dict[str, Any], metrics: Sequence[str]) -> None:
         """Rank 0: this run's HPARAMS session in the world folder, whose own scalar tags are the
@@ -446,6 +463,8 @@ class MetricsLogger:
             writer.close()
 
     def _writer(self, name: str) -> Any:
+        if not self.tensorboard:
+            return _NoEvents()
         if name not in self._writers:
             from dpt.observe.event_file import EventFile
 
@@ -466,7 +485,7 @@ class MetricsLogger:
     def _hold(self, name: str, scalars: dict[str, float], step: int, wall_time: float) -> None:
         """Hold scalars; their event is made at the hand-over (`flush`)."""
         self._held.append((name, scalars, step, wall_time))
-        if time.perf_counter() - self._held_since >= HOLD_S:
+        if time.perf_counter() - self._held_since >= self.flush_s:
             self.flush()
 
     def flush(self) -> None:
@@ -484,3 +503,13 @@ class MetricsLogger:
             events.setdefault(name, []).append(scalars_event(scalars, step, wall_time))
         for name, batch in events.items():
             self._writer(name).write(batch)
+
+
+class _NoEvents:
+    """The event writer of a run without TensorBoard (a logger list that leaves it out)."""
+
+    def write(self, events: list[Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

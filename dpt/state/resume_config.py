@@ -36,6 +36,8 @@ APPLIED = (
     "trainer.early_stopping.min_delta",
     "checkpoint.",
     "monitor.",  # what is watched and done from now on; the data and the model stay
+    "logger.",  # where the metrics go besides the run's own files
+    "dataset.test",  # the test split: dpt-evaluate's alone, never read in training
     "launcher.",
     "strategy.",  # checkpoints are the same for every strategy and world size
     "dataset.num_workers",  # augmentation draws from (seed, epoch, sample), not worker RNG

@@ -1,0 +1,46 @@
+"""The `logger` list checked before any process starts: each tracker's package is there, and an
+MLflow server named by the config answers (a run would otherwise train for nothing, or stop at
+its first step)."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+from urllib.parse import urlsplit
+
+from omegaconf import DictConfig, OmegaConf
+
+from dpt.config.loggers import EXTRAS, MLFLOW, chosen
+from dpt.errors import ConfigError
+from dpt.observe.trackers.opening import needs_package
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+def check_loggers(cfg: DictConfig) -> None:
+    logger = OmegaConf.select(cfg, "logger")
+    if logger is None:
+        return
+    for name in chosen(logger):
+        if name in EXTRAS and importlib.util.find_spec(EXTRAS[name]) is None:
+            raise needs_package(name)
+    if OmegaConf.select(logger, MLFLOW) is not None:
+        check_reachable(str(logger.mlflow.tracking_uri))
+
+
+def check_reachable(uri: str) -> None:
+    """A server's URI (http, https): something must accept a connection at its host and port."""
+    parts = urlsplit(uri)
+    if not parts.scheme.startswith("http"):
+        return  # a local store (sqlite:///, file:) or a named service (databricks)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "", port), CONNECT_TIMEOUT_S):
+            return
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+    raise ConfigError(
+        f"logger.mlflow.tracking_uri={uri}: no MLflow server answers there ({reason}); start "
+        "one (mlflow server --backend-store-uri sqlite:///mlflow.db --port 5000), set "
+        "logger.mlflow.tracking_uri, or leave mlflow out of logger=[...]"
+    )

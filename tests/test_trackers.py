@@ -1,0 +1,324 @@
+"""MLflow, W&B and CSV beside TensorBoard (logger=[...]): what a user finds in each after a sweep,
+a killed and resumed run, and a server that went away mid-run."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.request import urlopen
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.helpers import (
+    BIN,
+    FAST,
+    REPO,
+    TRAIN,
+    Result,
+    cmd_until,
+    run_cmd,
+    run_docs_block,
+    run_here,
+    start,
+)
+from tests.trackers_read import (
+    artifacts,
+    by_key,
+    csv_rows,
+    history,
+    metric_steps,
+    mlflow_server,
+    runs_of,
+    stop,
+    wait_up,
+    wandb_records,
+)
+
+ALL = "logger=[tensorboard,mlflow,wandb,csv]"
+DDP = ["strategy=ddp", "launcher.nproc_per_node=2", "trainer.batch_size=32"]
+# Wide enough that a run is still training when it is killed.
+LONG = [*FAST, "model.hidden_dims=[512,512]", "trainer.max_steps=200",
+        "checkpoint.every_n_steps=20", "trainer.log_every_n_steps=5"]  # fmt: skip
+
+
+def dpt(*args: str, cwd: Path, timeout: float = 240, check: bool = True) -> Result:
+    return run_cmd([sys.executable, str(TRAIN), *args], timeout=timeout, cwd=cwd, check=check)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def sweep(server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Result]:
+    """A 2-job sweep under ddp, to every tracker."""
+    root = tmp_path_factory.mktemp("sweep")
+    result = dpt("-m", *FAST, *DDP, "trainer.max_steps=10", ALL, "trainer.seed=1,2",
+                 f"logger.mlflow.tracking_uri={server[0]}", f"hydra.sweep.dir={root / 's'}",
+                 cwd=root)  # fmt: skip
+    return root / "s", result
+
+
+def _points_equal(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> bool:
+    return len(a) == len(b) and all(
+        sa == sb and (va == vb or (math.isnan(va) and math.isnan(vb)))
+        for (sa, va), (sb, vb) in zip(a, b, strict=True)
+    )
+
+
+@pytest.mark.slow
+def test_a_ddp_sweep_is_one_mlflow_parent_run_with_a_child_run_per_job(
+    server: Any, sweep: tuple[Path, Result]
+) -> None:
+    uri, folder = server[0], sweep[0]
+    runs = {
+        run.info.run_name: run
+        for run in runs_of(uri)
+        if str(folder) in run.data.tags.get("sweep_dir", "")
+        or run.info.run_name.startswith(("0 ", "1 "))
+    }
+    parent = next(r for r in runs.values() if "sweep_dir" in r.data.tags)
+    children = [
+        r for r in runs.values() if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    ]
+    assert sorted(r.info.run_name for r in children) == ["0 trainer.seed=1", "1 trainer.seed=2"]
+    assert sorted(artifacts(uri, parent.info.run_id)) == ["summary.csv", "summary.png"]
+    for child in children:
+        job = folder / child.info.run_name.split()[0]
+        config = OmegaConf.load(job / ".hydra" / "config.yaml")
+        params = child.data.params
+        assert params["optimizer.lr"] == str(config.optimizer.lr)
+        assert params["trainer.seed"] == str(config.trainer.seed)
+        assert params["strategy"] == "ddp" and params["world_size"] == "2"
+        tags = child.data.tags
+        assert (tags["strategy"], tags["world_size"], tags["task"]) == (
+            "ddp",
+            "2",
+            "classification",
+        )
+        assert child.info.status == "FINISHED"
+        expected = by_key(history(job))
+        assert {"train/loss", "val/loss", "val/acc1", "objective"} <= set(expected)
+        for key, points in expected.items():
+            assert _points_equal(metric_steps(uri, child.info.run_id, key), points), key
+        assert "model_best.pt" in artifacts(uri, child.info.run_id)
+
+
+@pytest.mark.slow
+def test_csv_and_wandb_offline_hold_the_runs_history(sweep: tuple[Path, Result]) -> None:
+    job = sweep[0] / "0"
+    rows = history(job)
+    assert csv_rows(job) == rows  # every value as metrics.json has it
+    config, logged = wandb_records(job)
+    assert config["optimizer.lr"] == OmegaConf.load(job / ".hydra/config.yaml").optimizer.lr
+    assert config["trainer.seed"] == 1
+    wandb_points = by_key([{k: v for k, v in row.items() if not k.startswith("_")}
+                           | {"step": row["_step"]} for row in logged])  # fmt: skip
+    assert wandb_points["train/loss"] == by_key(rows)["train/loss"]
+    assert wandb_points["val/acc1"] == by_key(rows)["val/acc1"]
+
+
+@pytest.mark.slow
+def test_an_optuna_search_is_a_parent_run_with_a_child_run_per_trial(
+    server: Any, tmp_path: Path
+) -> None:
+    uri = server[0]
+    dpt("-m", *FAST, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "trainer.max_steps=5",
+        "optimizer.lr=interval(0.001,0.01)", "logger=[mlflow]", f"logger.mlflow.tracking_uri={uri}",
+        f"hydra.sweep.dir={tmp_path / 'search'}", cwd=tmp_path)  # fmt: skip
+    runs = runs_of(uri)
+    parent = next(r for r in runs if r.data.tags.get("sweep_dir") == str(tmp_path / "search"))
+    trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    lrs = {json.loads((tmp_path / "search" / str(job) / "metrics.json").read_text())["hparams"]
+           ["optimizer.lr"] for job in (0, 1)}  # fmt: skip
+    assert {float(r.data.params["optimizer.lr"]) for r in trials} == lrs and len(lrs) == 2
+
+
+def _kill_when_logged(uri: str, run_dir: Path, step: int) -> Any:
+    """On the marker: wait until MLflow holds `step`, then SIGKILL the run (the steps it
+    logged after its last checkpoint are in MLflow: a resume trains them again)."""
+    import json
+    import os
+
+    def kill(proc: subprocess.Popen[str], line: str) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ids = json.loads((run_dir / "trackers.json").read_text())
+            if any(s >= step for s, _ in metric_steps(uri, ids["mlflow"]["run_id"], "train/loss")):
+                break
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+
+    return kill
+
+
+@pytest.mark.slow
+def test_a_killed_and_resumed_run_is_one_mlflow_run_without_steps_twice(
+    server: Any, tmp_path: Path
+) -> None:
+    uri, run_dir = server[0], tmp_path / "run"
+    args = [*LONG, "logger=[tensorboard,mlflow,csv]", f"logger.mlflow.tracking_uri={uri}",
+            f"hydra.run.dir={run_dir}"]  # fmt: skip
+    killed = cmd_until([sys.executable, str(TRAIN), *args], "step 30/200",
+                       _kill_when_logged(uri, run_dir, 30), cwd=tmp_path)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL and not (run_dir / "metrics.json").exists()
+    run_id = OmegaConf.load(run_dir / "trackers.json").mlflow.run_id
+    logged = metric_steps(uri, run_id, "train/loss")
+    resumed = dpt(*args, cwd=tmp_path)
+    step = int(resumed.output.split("at step ")[1].split()[0])
+    assert max(s for s, _ in logged) > step  # MLflow held steps the resume trained again
+    assert OmegaConf.load(run_dir / "trackers.json").mlflow.run_id == run_id
+    named = [r for r in runs_of(uri) if r.info.run_name == f"{run_dir.parent.name}/run"]
+    assert [r.info.run_id for r in named] == [run_id]
+    assert named[0].info.status == "FINISHED"
+    expected = by_key(history(run_dir))
+    for key in ("train/loss", "val/loss", "objective"):
+        points = metric_steps(uri, run_id, key)
+        assert len({s for s, _ in points}) == len(points), key  # no step twice
+        assert [s for s, _ in points] == [s for s, _ in expected[key]], key
+    # The resumed run's values equal the killed one's where both trained a step.
+    assert dict(metric_steps(uri, run_id, "train/loss"))[step] == dict(logged)[step]
+    assert csv_rows(run_dir) == history(run_dir)
+
+
+@pytest.mark.slow
+def test_a_server_gone_mid_run_costs_one_warning_and_nothing_else(
+    server: Any, tmp_path: Path
+) -> None:
+    """Last in this file: it stops the module's server."""
+    uri, proc = server
+    run_dir = tmp_path / "run"
+    args = [*LONG, "logger=[tensorboard,mlflow,csv]", f"logger.mlflow.tracking_uri={uri}",
+            f"hydra.run.dir={run_dir}"]  # fmt: skip
+    done = cmd_until([sys.executable, str(TRAIN), *args], "step 20/200",
+                     lambda *_: stop(proc), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.output[-3000:]
+    warnings = [line for line in done.output.splitlines() if "logger mlflow:" in line]
+    assert len(warnings) == 1, warnings
+    assert "dropped after 3 tries" in warnings[0]
+    rows = history(run_dir)
+    assert rows[-1]["step"] == 200 and csv_rows(run_dir) == rows
+    assert {"model.pt", "model_best.pt", "data.json"} <= {p.name for p in run_dir.iterdir()}
+
+
+def test_a_run_with_tensorboard_alone_imports_no_tracker(tmp_path: Path) -> None:
+    script = (
+        "import sys\n"
+        "from dpt.launch.cli import main\n"
+        f"sys.argv = ['dpt', 'trainer.max_steps=2', 'hydra.run.dir={tmp_path / 'run'}']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('imported:', sorted({m.split('.')[0] for m in sys.modules} & {'mlflow', 'wandb'}))\n"
+    )
+    result = run_cmd([sys.executable, "-c", script], cwd=REPO, timeout=120)
+    assert "imported: []" in result.stdout, result.output[-2000:]
+    assert (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_csv_alone_equals_the_history_in_metrics_json(tmp_path: Path) -> None:
+    summary, _ = run_here(tmp_path, *FAST, "trainer.max_steps=12", "logger=[csv]")
+    assert summary["history"][-1]["step"] == 12
+    assert csv_rows(tmp_path) == summary["history"]
+    assert not (tmp_path / "tb").exists()  # tensorboard left out of the list: no event files
+
+
+@pytest.mark.slow
+def test_the_tracking_guides_commands_leave_what_it_says(tmp_path: Path) -> None:
+    """docs/guides/tracking.md's ```bash tracking lines, word for word, from an empty folder:
+    MLflow's default SQLite store in outputs/, the sweep's parent and children, the CSV."""
+    cwd, _ = run_docs_block("tracking", tmp_path)
+    uri = f"sqlite:///{cwd / 'outputs' / 'mlflow.db'}"
+    runs = {run.info.run_name: run for run in runs_of(uri)}
+    run_dir = cwd / "outputs" / "tracked"
+    tracked = runs["outputs/tracked"]
+    for key, points in by_key(history(run_dir)).items():
+        assert _points_equal(metric_steps(uri, tracked.info.run_id, key), points), key
+    assert csv_rows(run_dir) == history(run_dir)
+    evaluated = json.loads((run_dir / "eval-val.json").read_text())
+    assert metric_steps(uri, tracked.info.run_id, "eval/val/loss") == [
+        (20, pytest.approx(evaluated["metrics"]["val/loss"]))
+    ]
+    parent = runs["sweep multirun/seeds"]
+    children = [r.info.run_name for r in runs.values()
+                if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]  # fmt: skip
+    assert sorted(children) == ["0 trainer.seed=1", "1 trainer.seed=2"]
+    for job in ("0", "1"):
+        config, logged = wandb_records(cwd / "multirun" / "seeds" / job)
+        assert config["trainer.seed"] == int(job) + 1 and logged
+    _serves_the_runs(cwd, "outputs/tracked")
+
+
+def _serves_the_runs(folder: Path, name: str) -> None:
+    """The guide's `mlflow ui` line, as printed, started in `folder`: it serves the store the
+    runs wrote, `name` among them."""
+    line = next(c for c in _page_commands() if c.startswith("mlflow ui"))
+    args = shlex.split(line)
+    proc = start([str(BIN / args[0]), *args[1:]], cwd=folder)
+    try:
+        wait_up("http://127.0.0.1:5000", proc)
+        with urlopen("http://127.0.0.1:5000/", timeout=10) as page:
+            assert page.status == 200
+        assert name in {run.info.run_name for run in runs_of("http://127.0.0.1:5000")}
+    finally:
+        stop(proc)
+
+
+def _page_commands() -> list[str]:
+    text = (REPO / "docs" / "guides" / "tracking.md").read_text()
+    blocks = text.split("```bash\n")[1:]
+    return [line.split(" # ")[0].strip() for block in blocks
+            for line in block.split("```")[0].splitlines() if line.strip()]  # fmt: skip
+
+
+class _Recording:
+    """A tracker that records its calls; `fails_from`: every call after that many fails."""
+
+    def __init__(self, name: str, fails_from: int | None = None) -> None:
+        self.name, self.fails_from, self.calls = name, fails_from, []
+
+    def _call(self, what: Any) -> None:
+        if self.fails_from is not None and len(self.calls) >= self.fails_from:
+            raise ConnectionError("Connection refused")
+        self.calls.append(what)
+
+    def log_metrics(self, rows: list[Any]) -> None:
+        for row in rows:
+            self._call(row[:2])
+
+    def log_files(self, paths: list[Path]) -> None:
+        self._call(paths)
+
+    def finish(self, status: str) -> None:
+        self._call(status)
+
+
+def test_a_tracker_that_fails_is_tried_again_then_dropped_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dpt.observe.trackers import fanout
+
+    monkeypatch.setattr(fanout, "RETRY_WAIT_S", 0.0)
+    good, bad = _Recording("csv"), _Recording("mlflow", fails_from=2)
+    trackers = fanout.Trackers([good, bad])  # type: ignore[list-item]
+    with caplog.at_level("WARNING", logger="dpt"):
+        for step in (1, 2, 3, 4):
+            trackers.log_metrics({"train/loss": 1.0 / step}, step, 0.0)
+            time.sleep(0.05)  # one call per step: the 3rd is the first to fail
+        trackers.close("FINISHED")
+    steps = [({"train/loss": 1.0 / step}, step) for step in (1, 2, 3, 4)]
+    assert good.calls == [*steps, "FINISHED"]
+    assert bad.calls == steps[:2]
+    lines = [r.getMessage() for r in caplog.records if "logger mlflow" in r.getMessage()]
+    assert lines == [
+        "logger mlflow: Connection refused; dropped after 3 tries: the rest of this run is not "
+        "in it (the run goes on; its own files, metrics.json and tb/, are complete)"
+    ]
