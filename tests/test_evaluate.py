@@ -182,7 +182,8 @@ def test_a_regression_gets_a_scatter_plot_of_its_test_split_and_its_trackers_all
     out = _evaluate(capsys, runs.regression)
     assert out.endswith("logged to mlflow\n")
     files = [runs.regression / f"eval-{TEST}.json", runs.regression / f"scatter-{TEST}.png"]
-    assert sent == [(runs.regression, _record(runs.regression, TEST)["metrics"], files)]
+    steps = json.loads((runs.regression / "metrics.json").read_text())["steps"]
+    assert sent == [(runs.regression, _record(runs.regression, TEST)["metrics"], files, steps)]
     record = _record(runs.regression, TEST)
     assert record["size"] == 24
     assert set(record["metrics"]) == {f"{TEST}/{m}" for m in ("loss", "mse", "mae", "r2")}

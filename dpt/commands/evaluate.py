@@ -208,7 +208,7 @@ def send_to_trackers(run_dir: Path, metrics: dict[str, float], files: list[Path]
     line names those that took it (a run without trackers: none)."""
     from dpt.observe.trackers.after_run import log_evaluation
 
-    took = log_evaluation(run_dir, metrics, files)
+    took = log_evaluation(run_dir, metrics, files, run_steps(run_dir))
     if took:
         print(f"logged to {', '.join(took)}")
 

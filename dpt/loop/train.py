@@ -27,7 +27,7 @@ from dpt.observe import dashboard
 from dpt.observe.logs import setup_logging
 from dpt.observe.metrics import Speed, done_speeds
 from dpt.observe.trackers import Trackers
-from dpt.observe.trackers.opening import open_trackers, run_tags
+from dpt.observe.trackers.opening import open_trackers, run_tags, trackers_named
 from dpt.observe.trackers.tracker import RunInfo
 from dpt.state import checkpoint
 from dpt.state.results import BEST_MODEL, DATA_FILE, LAST_MODEL, METRICS_FILE, write_run_data
@@ -137,6 +137,8 @@ def _trackers(
     resumed: checkpoint.Committed | None,
 ) -> Trackers:
     """Rank 0's trackers (logger=[...]), told the run's config and whether it continues."""
+    if not trackers_named(cfg.logger):  # TensorBoard alone: nothing to start (nor git to ask)
+        return Trackers([])
     run_dir = parts.run_dir
     name = tb.folder.name if tb.sweep_dir else f"{run_dir.parent.name}/{run_dir.name}"
     tags = run_tags(parts.strategy.name, parts.env.world_size, parts.task.kind)

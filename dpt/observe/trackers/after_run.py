@@ -3,7 +3,6 @@ MLflow run, the same W&B run id, found by `<run>/trackers.json`."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -16,15 +15,16 @@ from dpt.observe.trackers.ids import read_ids
 log = logging.getLogger("dpt")
 
 
-def log_evaluation(run_dir: Path, metrics: dict[str, float], files: list[Path]) -> list[str]:
-    """Log `metrics` (`test/acc1`, as `eval/test/acc1`, at the run's last step) and `files` to
-    every tracker the run had; returns
+def log_evaluation(
+    run_dir: Path, metrics: dict[str, float], files: list[Path], step: int
+) -> list[str]:
+    """Log `metrics` (`test/acc1`, as `eval/test/acc1`, at `step`: the run's last) and `files`
+    to every tracker the run had; returns
     the names of those that took them. A tracker that cannot is one warning, never a failure:
     the files are in the run folder whatever it does."""
     # `eval/val/loss`: beside training's own `val/loss` at the same step, not a second point of it
     metrics = {f"eval/{key}": value for key, value in metrics.items()}
     ids, took = read_ids(run_dir), []
-    step = _last_step(run_dir)
     for name, send in ((MLFLOW, _to_mlflow), (WANDB, _to_wandb)):
         if name not in ids:
             continue
@@ -35,13 +35,6 @@ def log_evaluation(run_dir: Path, metrics: dict[str, float], files: list[Path]) 
             log.warning(f"logger {name}: the evaluation could not be logged "
                         f"({one_line(error)[:300]}); it is in {run_dir}")  # fmt: skip
     return took
-
-
-def _last_step(run_dir: Path) -> int:
-    try:
-        return int(json.loads((run_dir / "metrics.json").read_text()).get("steps", 0))
-    except (OSError, ValueError, TypeError):
-        return 0
 
 
 def _to_mlflow(ids: dict[str, Any], run_dir: Path, metrics: dict[str, float],

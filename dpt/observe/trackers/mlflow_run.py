@@ -9,12 +9,15 @@ and MLflow would otherwise hold those steps twice. A sweep's job is a child of t
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from dpt.config.loggers import MLFLOW
 from dpt.observe.trackers.tracker import Row, RunInfo
+
+log = logging.getLogger("dpt")
 
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests the run under its parent
 MAX_PARAMS, MAX_METRICS = 100, 1000  # per log_batch call (MLflow's limits)
@@ -80,9 +83,11 @@ class MlflowTracker:
         self.mlflow = client(self.uri)
         if info.resumed and stored and stored.get("tracking_uri") == self.uri:
             self.run_id = str(stored["run_id"])
-            self._continue(info)
-        else:
-            self._create(info)
+            if self._continue(info):
+                return {"run_id": self.run_id, "tracking_uri": self.uri}
+            log.warning(f"logger {MLFLOW}: the run {self.run_id} this one continues is gone "
+                        f"from {self.uri}; it goes on in a new MLflow run")  # fmt: skip
+        self._create(info)
         return {"run_id": self.run_id, "tracking_uri": self.uri}
 
     def _create(self, info: RunInfo) -> None:
@@ -96,14 +101,22 @@ class MlflowTracker:
         self.run_id = run.info.run_id
         self._params(info.params)
 
-    def _continue(self, info: RunInfo) -> None:
+    def _continue(self, info: RunInfo) -> bool:
         """The stored run goes on: its status RUNNING again, new keys as parameters (MLflow
         refuses to change one: a changed setting is a tag `resumed.<key>`), and the steps it
-        holds already are not sent again."""
-        from mlflow.entities import RunTag
+        holds already are not sent again. False: the store no longer has it (deleted)."""
+        from mlflow.entities import LifecycleStage, RunTag
+        from mlflow.exceptions import MlflowException
 
+        try:
+            run = self.mlflow.get_run(self.run_id)
+        except MlflowException as error:
+            if error.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
+        if run.info.lifecycle_stage == LifecycleStage.DELETED:
+            return False
         self.mlflow.update_run(self.run_id, status="RUNNING")
-        run = self.mlflow.get_run(self.run_id)
         held = run.data.params
         self._params({k: v for k, v in info.params.items() if k not in held})
         changed = [RunTag(f"resumed.{k}", as_param(v)) for k, v in info.params.items()
@@ -113,6 +126,7 @@ class MlflowTracker:
         for key in run.data.metrics:
             steps = [m.step for m in self.mlflow.get_metric_history(self.run_id, key)]
             self.held[key] = max(steps, default=-1)
+        return True
 
     def _params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param

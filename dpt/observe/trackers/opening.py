@@ -43,14 +43,17 @@ def make(name: str, node: Any, run_dir: Path) -> Tracker:
     return WandbTracker(node)
 
 
+def trackers_named(logger: Any) -> list[str]:
+    """The trackers of a `logger` node besides TensorBoard (the metrics logger's own)."""
+    return [name for name in chosen(logger) if name != TENSORBOARD]
+
+
 def open_trackers(logger: Any, info: RunInfo) -> Trackers:
     """Start every tracker the `logger` node names (one line where one cannot start: before
     training), keep their ids in `<run>/trackers.json`, and hand them to their thread."""
     stored = read_ids(info.run_dir)
     trackers, ids = [], dict(stored)
-    for name in chosen(logger):
-        if name == TENSORBOARD:
-            continue
+    for name in trackers_named(logger):
         tracker = make(name, getattr(logger, name), info.run_dir)
         try:
             ids[name] = tracker.start(info, stored.get(name))
