@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -5,12 +6,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests import netns
+# One CPU thread per process, here and in every process a test starts (torch reads
+# OMP_NUM_THREADS when it starts): the two pytest workers, their ranks and their runs share 2
+# cores, and a thread pool of 2 beside another worker's busy process waits for the thread that
+# lost its core at every op (a ResNet docs line took 25 s so, 12 s on one thread). What dpt does
+# for the ranks of a world on one CPU (dpt/loop/train.py: limit_cpu_threads); the runs in this
+# process already run on one (tests.helpers.one_thread).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from tests import netns, worlds
 from tests.helpers import dpt_logger_kept
 from tests.slurm_fixture import slurm_cluster  # noqa: F401  (one cluster for the session)
+
+torch.set_num_threads(1)
 
 
 @pytest.fixture
@@ -38,26 +50,19 @@ def _dpt_logger_put_back() -> Iterator[None]:
         yield
 
 
-# The files that take longest (measured with --durations), started first: the two workers take
-# files in collection order (--no-loadscope-reorder), one whole file at a time (--dist loadfile),
-# so a long file left for last keeps one worker busy while the other has nothing left to do.
-# Beside the learning test (two ranks busy for minutes) the other worker first runs the files
-# that mostly wait (for a timeout, a pulled link, SLURM's scheduler): the cores stay busy.
-LONGEST_FIRST = (
-    "test_language_model_learns.py",  # one 6,000-step run: about 2 minutes
-    "test_faults.py",
-    "test_network.py",
-    "test_slurm.py",
-    "test_soak.py",
-    "test_docs_commands.py",
-    "test_monitor_runs.py",
-    "test_pipeline_runs.py",
-    "test_task_readme.py",
-    "test_search_runs.py",
-    "test_shards_runs.py",
-)
+# The files that take longest, started first: the two workers take files in collection order
+# (--no-loadscope-reorder), one whole file at a time (--dist loadfile), so a long file left for
+# last keeps one worker busy while the other has nothing left to do. The seconds are measured,
+# not kept by hand: `python scripts/test_costs.py order JUNIT` writes them from a suite run's
+# JUnit XML (.ci/run writes one). A file not measured yet goes first: it may be long.
+DURATIONS = Path(__file__).with_name("durations.json")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest in order
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    items.sort(key=lambda item: -seconds.get(item.path.name, float("inf")))  # stable
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """This worker's resident worlds (tests/worlds.py) end with its session."""
+    worlds.close_all()

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from tests.worlds import in_resident_rank
+
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "train.py"
 
@@ -368,7 +370,8 @@ def joined_world(rank: int, world: int, port: int) -> Iterator[Any]:
         yield env
     finally:
         destroy_process_group()
-    if multiprocessing.parent_process() is not None:  # a spawned rank, never the test process
+    if multiprocessing.parent_process() is not None and not in_resident_rank():
+        # a rank spawned for one world, never the test process nor a resident rank
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
@@ -448,16 +451,7 @@ def run_docs_block(tag: str, root: Path) -> tuple[Path, dict[str, Result]]:
     shutil.copytree(REPO / "examples", root / "examples")
     (root / "scripts").symlink_to(REPO / "scripts")
     programs = {"python": [sys.executable]} | {
-        name: [str(BIN / name)]
-        for name in (
-            "dpt",
-            "dpt-predict",
-            "dpt-generate",
-            "dpt-tokenizer",
-            "dpt-shards",
-            "dpt-export",
-            "dpt-evaluate",
-        )
+        name: [str(BIN / name)] for name in ("dpt", "dpt-shards")
     }
     cwd, results = root, {}
     for command in docs_block(tag):
@@ -468,6 +462,14 @@ def run_docs_block(tag: str, root: Path) -> tuple[Path, dict[str, Result]]:
         if args[0] == "dpt" and runs_in_process(args[1:], cwd):  # a Python start saved
             results[command] = train_in_process(*args[1:], cwd=cwd, import_from=(cwd,),
                                                 script="dpt")  # fmt: skip
+            assert results[command].returncode == 0, results[command].output
+            continue
+        if args[0] in IN_PROCESS_COMMANDS:  # they train nothing: a Python start saved too
+            results[command] = command_in_process(*args, cwd=cwd, import_from=(cwd,))
+            assert results[command].returncode == 0, results[command].output
+            continue
+        if args[0] == "python" and args[1] != "train.py":  # a helper script: the same
+            results[command] = python_in_process(*args[1:], cwd=cwd)
             assert results[command].returncode == 0, results[command].output
             continue
         results[command] = run_cmd(programs.get(args[0], [args[0]]) + args[1:], timeout=240,
@@ -534,13 +536,21 @@ def world_run(
                     copy_from, prepare)  # fmt: skip
 
 
-def run_world(world: int, runs: list[WorldRun]) -> None:
-    """`runs` one after the other in one spawned CPU world of `world` ranks (one start-up for
-    all), each rank in a process of its own as the local launcher starts it. A run that fails
-    fails the test (its traceback in the error)."""
-    import torch.multiprocessing as mp
+def run_world(world: int, runs: list[WorldRun], timeout: float = 540) -> None:
+    """`runs` one after the other in this pytest worker's resident CPU world of `world` ranks
+    (tests/worlds.py: started once for the session), each rank in a process of its own as the
+    local launcher starts it. A run that fails fails the test (its traceback in the error)."""
+    spawn(world_rank_runs, world, runs, nprocs=world, timeout=timeout)
 
-    mp.spawn(_world_rank, args=(world, runs), nprocs=world, join=True)
+
+def spawn(fn: Callable[..., Any], *args: Any, nprocs: int, timeout: float = 540) -> None:
+    """`fn(rank, *args)` on every rank of this pytest worker's resident world of `nprocs` ranks:
+    `torch.multiprocessing.spawn(fn, args, nprocs)` without a start-up per call. `fn` does its
+    work inside `joined_world`. Tests about processes (kills, signals, peak memory) spawn their
+    own."""
+    from tests.worlds import world
+
+    world(nprocs).run(fn, *args, timeout=timeout)
 
 
 def shared_port(rank: int, where: Path) -> int:
@@ -554,14 +564,6 @@ def shared_port(rank: int, where: Path) -> int:
     while not where.exists():
         time.sleep(0.01)
     return int(where.read_text())
-
-
-def _world_rank(rank: int, world: int, runs: list[WorldRun]) -> None:
-    world_rank_runs(rank, world, runs)
-    # As dpt's local ranks (and `joined_world`): leave without the interpreter's finalization.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def world_rank_runs(rank: int, world: int, runs: list[WorldRun]) -> None:
@@ -674,13 +676,61 @@ def train_in_process(
     Whatever the command changed in this process is put back, and what it must not leave behind
     is checked (`process_state_kept`).
     """
+    from dpt.launch.cli import main
+
+    return _in_process(main, script, argv, cwd, import_from)
+
+
+# The commands that train nothing (they read a run folder or a text): run in the test's process
+# through their entry point (`command_in_process`), with the argv of the printed line.
+IN_PROCESS_COMMANDS = ("dpt-predict", "dpt-generate", "dpt-export", "dpt-evaluate", "dpt-tokenizer")
+
+
+def command_in_process(
+    program: str, *argv: str, cwd: Path = REPO, import_from: tuple[Path, ...] = ()
+) -> Result:
+    """`PROGRAM ARGV` (one of IN_PROCESS_COMMANDS) as `train_in_process` runs `train.py`: its
+    installed entry point (the package's console_scripts, where pip found it), called in this
+    process as in a process of its own."""
+    from importlib.metadata import entry_points
+
+    (entry,) = entry_points(group="console_scripts", name=program)
+    return _in_process(entry.load(), program, argv, cwd, import_from)
+
+
+def python_in_process(*args: str, cwd: Path = REPO) -> Result:
+    """`python SCRIPT.py ARGS` or `python -c CODE` (a docs line's helper script, which trains
+    nothing) run in this process as the interpreter runs it: the script as `__main__`, its
+    folder (or, for -c, the current one) first on the import path."""
+    import runpy
+
+    if args[0] == "-c":
+        code = args[1]
+
+        def main() -> None:
+            exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+
+        return _in_process(main, "-c", args[2:], cwd, (cwd,))
+    script = (cwd / args[0]).resolve()
+
+    def run_script() -> None:
+        runpy.run_path(str(script), run_name="__main__")
+
+    return _in_process(run_script, args[0], args[1:], cwd, (script.parent,))
+
+
+def _in_process(
+    main: Callable[[], None], script: str, argv: tuple[str, ...], cwd: Path,
+    import_from: tuple[Path, ...],
+) -> Result:  # fmt: skip
+    """`main()` with `sys.argv = [script, *argv]`, as `train_in_process` says."""
     import io
     import traceback
     import warnings
 
     from hydra.core.global_hydra import GlobalHydra
 
-    from dpt.launch.cli import main
+    from dpt.launch import run_lock
     from dpt.launch.process_exit import exit_code
 
     out, err = io.StringIO(), io.StringIO()
@@ -694,6 +744,7 @@ def train_in_process(
         logging.root.setLevel(logging.WARNING)
         _interpreter_warning_filters(err)
         GlobalHydra.instance().clear()
+        locks = run_lock.held()
         try:
             main()
             code = 0
@@ -704,6 +755,9 @@ def train_in_process(
             code = 1
         finally:
             GlobalHydra.instance().clear()
+        if code != 0:  # a failed command's process ends, and the kernel releases its locks
+            for folder in set(run_lock.held()) - set(locks):
+                run_lock.release(folder)
     fd_out, fd_err = fd_output
     return Result(code, out.getvalue() + fd_out, err.getvalue() + fd_err)
 
@@ -859,22 +913,27 @@ def _restore_loggers(saved: dict[str, tuple[Any, ...]]) -> None:
         logger.propagate, logger.disabled = propagate, disabled
 
 
-def runs_in_process(argv: list[str], folder: Path) -> bool:
+def runs_in_process(
+    argv: list[str], folder: Path, import_from: tuple[Path, ...] = (), loader_workers: bool = False
+) -> bool:
     """Whether the command `train.py ARGV` (or `dpt ARGV`), run from `folder`, may run in this
     process (`train_in_process`): it runs no rank beside the command's own process (no ddp or
     fsdp world, no torchrun, no sweep, no loader worker processes) and this machine has no GPU
     (`trainer.device=auto` would put CUDA into the test process, which forks later); a command
-    refused before any run, or one that only prints its config, too."""
+    refused before any run, or one that only prints its config, too. `loader_workers`: a command
+    refused at its start may ask for loader workers, which it never starts."""
     if {"-m", "--multirun"} & set(argv):
         return False
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    import dpt.launch.cli  # noqa: F401  (dpt's schemas stored before the store is kept below)
     from dpt.config.strategies import is_distributed
     from dpt.errors import DptError
 
     try:
-        with contextlib.chdir(folder):  # where a relative --config-dir is found
+        with contextlib.chdir(folder), process_state_kept(import_from):  # a relative --config-dir
+            sys.path[:0] = [str(path) for path in import_from]
             cfg = compose(*argv)
     except (DptError, HydraException, OmegaConfBaseException):  # refused before any run
         return True
@@ -884,5 +943,5 @@ def runs_in_process(argv: list[str], folder: Path) -> bool:
         not torch.cuda.is_available()
         and not is_distributed(cfg.strategy)
         and cfg.launcher._target_.endswith(".LocalLauncher")
-        and cfg.dataset.num_workers == 0
+        and (loader_workers or cfg.dataset.num_workers == 0)
     )

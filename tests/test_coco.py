@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from PIL import Image
 from pycocotools.coco import COCO
@@ -30,6 +29,7 @@ from tests.helpers import (
     joined_world,
     load_weights,
     one_thread,
+    spawn,
     weight_and_statistics_diff,
 )
 
@@ -404,7 +404,7 @@ def multilabel_runs(
               f"dataset.train_ann_file={_readable_train(fixture_info, out)}"]  # fmt: skip
     runs = {"single": out / "single", "fsdp": out / "fsdp", "init": out / "init.pt"}
     fsdp = [*common, "strategy=fsdp", "strategy.sync_batchnorm=true", "trainer.batch_size=4"]
-    mp.spawn(_multilabel_rank, args=(2, free_port(), runs["fsdp"], fsdp), nprocs=2, join=True)
+    spawn(_multilabel_rank, 2, free_port(), runs["fsdp"], fsdp, nprocs=2)
     cfg = compose(*common, "strategy=single", "trainer.batch_size=8")
     with dpt_logger_kept(), one_thread():  # each rank's arithmetic: one thread
         run_worker(OmegaConf.to_container(cfg, resolve=True), str(runs["single"]))

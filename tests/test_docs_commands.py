@@ -17,9 +17,13 @@ dataset num_workers=0) and need no GPU on this machine, and the config-only answ
 the transcripts' one-line errors), run in this process, through the command's entry point
 (`dpt.launch.cli.main`; tests.helpers.train_in_process: `sys.argv`, the current folder, stdout,
 stderr, logging and warnings as that command's process has them), which saves a Python and
-torch start-up per line. That proves what the line's own words decide, the whole run of its
-overrides, with the same exit code and output, and that it leaves nothing behind (no child
-process, thread or run-folder lock; what it changed in this process is put back).
+torch start-up per line. So do the helper scripts (`python scripts/make_*.py`, `python -c`,
+run as `__main__`: tests.helpers.python_in_process) and, in tagged blocks, the commands that
+train nothing (`dpt-predict`, `dpt-generate`, `dpt-export`, `dpt-evaluate`, `dpt-tokenizer`,
+through their installed entry points). That proves what the line's own words decide, the
+whole run of its overrides, with the same exit code and output, and that it leaves nothing
+behind (no child process, thread or run-folder lock; what it changed in this process is put
+back).
 What it leaves out, the process around the run (`train.py` itself, `cli.entry`, the exit), is the
 same for every such line and is proven by the lines that run as subprocesses: the ddp, fsdp,
 torchrun, sweep and image-model lines, each of which starts processes (ranks, a fork server,
@@ -42,6 +46,7 @@ from tests.helpers import (
     DOC_PAGES,
     REPO,
     Result,
+    python_in_process,
     run_cmd,
     runs_in_process,
     train_in_process,
@@ -181,6 +186,11 @@ def _run(args: list[str], folder: Path, timeout: float, env: dict[str, str] | No
     (a PYTHONPATH of the line becomes the import path it gives), else as a command; fails on a
     non-zero exit where `check`."""
     env = env or {}
+    helper = args[0] == sys.executable and (args[1] == "-c" or args[1].endswith(".py"))
+    if helper and args[1] != "train.py" and not env:  # a helper script: it trains nothing
+        result = python_in_process(*args[1:], cwd=folder)
+        assert not check or result.returncode == 0, f"exit {result.returncode}\n{result.output}"
+        return result
     if args[:2] == [sys.executable, "train.py"]:
         script, overrides = "train.py", args[2:]
     elif args[0] == PROGRAMS["dpt"][0]:

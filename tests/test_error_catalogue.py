@@ -19,7 +19,15 @@ import pytest
 import torch
 
 from scripts.make_coco_fixture import make_fixture
-from tests.helpers import FAST, REPO, read_checkpoint, train, train_in_process, write_shards
+from tests.helpers import (
+    FAST,
+    REPO,
+    read_checkpoint,
+    runs_in_process,
+    train,
+    train_in_process,
+    write_shards,
+)
 
 CATALOGUE = REPO / "docs" / "errors.md"
 EXAMPLE = REPO / "examples" / "tasks"  # its classes and conf/ (rows that start there)
@@ -239,7 +247,10 @@ def test_documented_message(
     run_dir = tmp_path / "run"
     explicit_dir = any(a.startswith("hydra.run.dir=") for a in args)
     argv = [*args, *([] if explicit_dir else [f"hydra.run.dir={run_dir}"])]
-    if when == "before run":  # as `python train.py ARGS` from the checkout, in this process
+    # As `python train.py ARGS` from the checkout, in this process where the command runs no
+    # other process (tests.helpers.runs_in_process: every row refused before the run, and those
+    # refused at the start of a one-process run, before any loader worker).
+    if when == "before run" or runs_in_process(argv, REPO, (EXAMPLE,), loader_workers=True):
         result = train_in_process(*argv, cwd=REPO, import_from=(EXAMPLE,))
     else:
         result = train(None, *argv, check=False, timeout=110,

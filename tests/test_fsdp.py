@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dpt.distributed import env_from_environment
 from dpt.state.stateful import full_state_dict
-from tests.helpers import FAST, build_trainer, free_port, joined_world, max_abs_diff
+from tests.helpers import FAST, build_trainer, free_port, joined_world, max_abs_diff, spawn
 
 STEPS = 20
 # 65 validation samples: 33 on rank 0, 32 on rank 1, so 2 batches against 1. fsdp's forwards
@@ -67,7 +66,7 @@ def _scalars(folder: Path, tag: str) -> list[float]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fsdp")
-    mp.spawn(_train_fsdp, args=(2, free_port(), out), nprocs=2, join=True)
+    spawn(_train_fsdp, 2, free_port(), out, nprocs=2)
     return out
 
 

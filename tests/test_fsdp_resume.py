@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
 from dpt.distributed import env_from_environment
@@ -25,6 +24,7 @@ from tests.helpers import (
     max_abs_diff,
     run_here,
     shared_port,
+    spawn,
     world_rank_runs,
     world_run,
 )
@@ -141,7 +141,7 @@ def worlds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for ranks in (2, 3):
         runs[ranks].append(world_run(f"on{ranks}", root / f"on{ranks}", *COMMON, *_world(ranks),
                                      "trainer.max_steps=40", copy_from=root / "first"))  # fmt: skip
-        mp.spawn(_world_of, args=(ranks, runs[ranks], shards), nprocs=ranks, join=True)
+        spawn(_world_of, ranks, runs[ranks], shards, nprocs=ranks)
     return {"root": root, "shards": shards} | {run.name: run for run in runs[2] + runs[3]}
 
 

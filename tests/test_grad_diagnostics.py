@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from dpt.distributed import is_dtensor
 from dpt.monitor.grad_diagnostics import GradDiagnostics
-from tests.helpers import free_port, joined_world
+from tests.helpers import free_port, joined_world, spawn
 
 LR = 0.1
 
@@ -186,7 +185,7 @@ def _fsdp_rank(rank: int, world: int, port: int, out: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_fsdp_norms_equal_those_of_the_unsharded_model(tmp_path: Path) -> None:
-    mp.spawn(_fsdp_rank, args=(2, free_port(), tmp_path), nprocs=2, join=True)
+    spawn(_fsdp_rank, 2, free_port(), tmp_path, nprocs=2)
     for rank in (0, 1):
         result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         whole, sharded = result["whole"], result["sharded"]

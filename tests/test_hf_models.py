@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+import torch.multiprocessing as mp  # the peak-memory test's own processes
 from omegaconf import OmegaConf
 
 from dpt.commands import export, generate
@@ -28,6 +28,7 @@ from tests.helpers import (
     load_weights,
     max_abs_diff,
     one_thread,
+    spawn,
     train_rank,
 )
 
@@ -97,7 +98,7 @@ def _single(run_dir: Path, overrides: list[str]) -> dict:
 def runs(folders: dict[str, Path]) -> dict[str, Path]:
     out = folders["out"]
     _single(out / "single", llama_run(folders, f"trainer.batch_size={GLOBAL_BATCH}", *OFF))
-    mp.spawn(_ranks, args=(2, free_port(), folders), nprocs=2, join=True)
+    spawn(_ranks, 2, free_port(), folders, nprocs=2)
     return {name: out / name for name in ("single", "ddp", "fsdp", "pipeline")}
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from dpt.launch.launchers import resolved
 from dpt.launch.worker import run_worker
@@ -28,6 +27,7 @@ from tests.helpers import (
     load_weights,
     max_abs_diff,
     one_thread,
+    spawn,
     write_shards,
 )
 from tests.http_server import serve
@@ -84,7 +84,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                  "--shard-size-mb", "0.01")  # fmt: skip
     with serve(out / "shards") as server:
         (out / "url").write_text(server.url)
-        mp.spawn(_two_ranks, args=(2, free_port(), out, server.url), nprocs=2, join=True)
+        spawn(_two_ranks, 2, free_port(), out, server.url, nprocs=2)
         yield out
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -26,7 +25,7 @@ from dpt.loop.parts import RunConfig, check_log_interval
 from dpt.observe.dashboard import one_run
 from dpt.observe.logs import HeldLines, setup_logging
 from dpt.observe.metrics import SINCE, WINDOW, MetricsLogger, StragglerWatch
-from tests.helpers import FAST, build_trainer, compose, free_port, joined_world, train
+from tests.helpers import FAST, build_trainer, compose, free_port, joined_world, spawn, train
 
 CPU1 = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
 
@@ -331,7 +330,19 @@ def _count_collectives(
     """Runs `steps` optimizer steps of a 2-rank ddp MLP; records, per step, the gradient
     all-reduces (a DDP comm hook) and every other collective (torch.distributed's functions).
     `spacing_s`: the agreements' least spacing (dpt.loop.agreement.SPACING_S) in this rank."""
+    patched = {name: getattr(dist, name) for name in COLLECTIVES}, agreement.SPACING_S
     agreement.SPACING_S = spacing_s
+    try:
+        _count_in_world(rank, world, port, steps, log_every, out)
+    finally:  # a resident rank (tests/worlds.py) runs the next test with torch's own functions
+        for name, original in patched[0].items():
+            setattr(dist, name, original)
+        agreement.SPACING_S = patched[1]
+
+
+def _count_in_world(
+    rank: int, world: int, port: int, steps: int, log_every: int, out: Path
+) -> None:
     with joined_world(rank, world, port) as env:
         trainer = build_trainer(
             out, env, "strategy=ddp", "dataset.num_samples=2048", "dataset.num_val_samples=0",
@@ -391,7 +402,7 @@ def test_one_gradient_all_reduce_per_step_and_one_collective_per_logging_window(
 ) -> None:
     steps = 25
     args = (2, free_port(), steps, log_every, spacing_s, tmp_path)
-    mp.spawn(_count_collectives, args=args, nprocs=2, join=True)
+    spawn(_count_collectives, *args, nprocs=2)
     for rank in (0, 1):
         counts = json.loads((tmp_path / f"counts-rank{rank}.json").read_text())
         assert counts["grads"][1:] == [1] * steps  # one bucket: one all-reduce per step

@@ -153,12 +153,10 @@ def _sharded_rank(rank: int, world: int, port: int, out: Path) -> None:
 @pytest.mark.timeout(120)
 def test_init_lora_draws_each_fsdp_shard_of_the_same_adapters(tmp_path: Path) -> None:
     """fsdp's DTensors on 2 ranks: each rank's shard of the draw an unsharded model makes."""
-    import torch.multiprocessing as mp
-
-    from tests.helpers import free_port
+    from tests.helpers import free_port, spawn
 
     expected = adapter_state(adapted_gpt()[0].state_dict())
-    mp.spawn(_sharded_rank, args=(2, free_port(), tmp_path), nprocs=2, join=True)
+    spawn(_sharded_rank, 2, free_port(), tmp_path, nprocs=2)
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert got["local_rows"] == RANK // 2  # sharded: half the rows each

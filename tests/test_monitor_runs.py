@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dpt.distributed import env_from_environment
@@ -33,6 +32,7 @@ from tests.helpers import (
     run_here,
     run_until,
     shared_port,
+    spawn,
     summary,
     train,
     world_rank_runs,
@@ -344,7 +344,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         world_run("rollback-killed", killed, *ROLLBACK_DDP),
         world_run("nonfinite-fsdp", out / "nonfinite-fsdp", *DIVIDING_FSDP),
     ]
-    mp.spawn(_world, args=(2, runs, out), nprocs=2, join=True)
+    spawn(_world, 2, runs, out, nprocs=2)
     judged = json.loads((out / "judged.json").read_text())
     return {"events-at-kill": at_kill, "judged": judged, "out": out} | {r.name: r for r in runs}
 

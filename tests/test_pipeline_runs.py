@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.helpers import (
     committed_checkpoints,
@@ -33,6 +32,7 @@ from tests.helpers import (
     rank_pid,
     run_here,
     run_until,
+    spawn,
     train_rank,
 )
 
@@ -134,7 +134,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _single(out / "gpt-resumed-on-2", *gpt(out), f"trainer.batch_size={GLOBAL_BATCH}",
             f"trainer.max_steps={FIRST}")  # fmt: skip
     for world in (2, 4):
-        mp.spawn(_ranks, args=(world, free_port(), out), nprocs=world, join=True)
+        spawn(_ranks, world, free_port(), out, nprocs=world)
     return out
 
 

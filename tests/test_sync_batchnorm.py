@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torchvision
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -20,7 +19,7 @@ from dpt.distributed import env_from_environment
 from dpt.models import unwrap
 from dpt.models.sync_batchnorm import GlooSyncBatchNorm, convert_sync_batchnorm
 from dpt.state.stateful import full_state_dict
-from tests.helpers import build_trainer, free_port, joined_world, max_abs_diff
+from tests.helpers import build_trainer, free_port, joined_world, max_abs_diff, spawn
 
 STEPS = 4
 # ResNet-18 (20 BatchNorm2d layers, in fsdp's blocks and in the root) on 32-pixel images. A
@@ -207,7 +206,7 @@ def _world(rank: int, world: int, port: int, out: Path) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sync_batchnorm")
-    mp.spawn(_world, args=(2, free_port(), out), nprocs=2, join=True)
+    spawn(_world, 2, free_port(), out, nprocs=2)
     return out
 
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -34,6 +33,7 @@ from tests.helpers import (
     load_weights,
     max_abs_diff,
     one_thread,
+    spawn,
     summary,
     train,
 )
@@ -71,15 +71,18 @@ def _two_ranks(rank: int, world: int, port: int, out: Path) -> None:
            for task, overrides in TASKS.items()},
         "line": LINE_RUN[2:],
     }  # fmt: skip
-    with joined_world(rank, world, port) as env:
-        for name, overrides in runs.items():
-            batch = _world_size(2, 128 if name == "simple-10" else 64)
-            trainer = build_trainer(out / name, env, *CONF, *overrides, *batch)
-            trainer.fit()
-            trainer.metrics.close()
-            weights = full_state_dict(trainer.model)
-            if env.is_main:
-                torch.save(weights, out / f"{name}.pt")
+    try:
+        with joined_world(rank, world, port) as env:
+            for name, overrides in runs.items():
+                batch = _world_size(2, 128 if name == "simple-10" else 64)
+                trainer = build_trainer(out / name, env, *CONF, *overrides, *batch)
+                trainer.fit()
+                trainer.metrics.close()
+                weights = full_state_dict(trainer.model)
+                if env.is_main:
+                    torch.save(weights, out / f"{name}.pt")
+    finally:  # a resident rank (tests/worlds.py) goes on to other tests
+        sys.path.remove(str(EXAMPLE))
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +97,7 @@ def example_on_path() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory, example_on_path: None) -> Path:
     out = tmp_path_factory.mktemp("task-ranks")
-    mp.spawn(_two_ranks, args=(2, free_port(), out), nprocs=2, join=True)
+    spawn(_two_ranks, 2, free_port(), out, nprocs=2)
     return out
 
 

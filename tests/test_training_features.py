@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -25,6 +24,7 @@ from tests.helpers import (
     load_weights,
     max_abs_diff,
     run_here,
+    spawn,
     train,
 )
 
@@ -83,7 +83,7 @@ def _count_allreduces(rank: int, world: int, port: int, out: Path) -> None:
 @pytest.fixture(scope="module")
 def allreduces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("allreduces")
-    mp.spawn(_count_allreduces, args=(2, free_port(), out), nprocs=2, join=True)
+    spawn(_count_allreduces, 2, free_port(), out, nprocs=2)
     return out
 
 
