@@ -17,6 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # for the ranks of a world on one CPU (dpt/loop/train.py: limit_cpu_threads); the runs in this
 # process already run on one (tests.helpers.one_thread).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# MLflow 3's server starts 7 job-runner processes of its own (GenAI scorers, trace rollups: none
+# of dpt's business), each importing mlflow: 25 s of a core per server here. The servers the tests
+# start (tests/trackers_read.py, the tracking guide's `mlflow ui`) run without them.
+os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
 
 from tests import netns, worlds
 from tests.helpers import dpt_logger_kept

@@ -34,9 +34,11 @@ from tests.helpers import (
     read_checkpoint,
     run_here,
     run_until,
+    run_world,
     small_tmpfs,
     train,
     train_in_process,
+    world_run,
 )
 
 WIDE = ["model.hidden_dims=[512,512]"]  # steps slow enough to act while the run trains
@@ -84,7 +86,8 @@ def test_a_second_start_in_a_live_run_folder_stops_at_once(
     launcher: list[int] = []
 
     def start_another(proc: subprocess.Popen[str], _: str) -> None:
-        second.append(train(run, *FAST, "trainer.seed=7", check=False, timeout=60))
+        # refused before any run: in this process (another process holds the folder)
+        second.append(train_in_process(*FAST, "trainer.seed=7", f"hydra.run.dir={run}"))
         launcher.append(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)  # the holder dies: its lock goes with it
 
@@ -100,7 +103,12 @@ def test_a_second_start_in_a_live_run_folder_stops_at_once(
     )
     assert "trainer.seed=7" not in (run / ".hydra" / "overrides.yaml").read_text()  # untouched
     # The holder is dead: the folder is free again (one process: resumed in this one).
-    resumed = train(run, *common).stdout if strategy else run_here(run, *common)[1]
+    if strategy:  # 2 ranks: the resident world's
+        again = world_run("resumed", run, *common)
+        run_world(2, [again])
+        resumed = again.stdout
+    else:
+        resumed = run_here(run, *common)[1]
     assert "resumed from" in resumed
 
 

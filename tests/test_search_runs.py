@@ -50,13 +50,15 @@ def objective(sweep: Path, job: int) -> dict[str, Any]:
 
 def test_a_tpe_study_of_ddp_trials_two_at_a_time(tmp_path: Path) -> None:
     """From a fresh folder, in Hydra's own sweep folder (`multirun/<date>/<time>`)."""
-    cmd = [sys.executable, str(TRAIN), "-m", *SHORT, *LR, "trainer.batch_size=choice(16,32)",
+    # 2 random trials, then 2 of TPE's model: 4 ddp trials, 2 at a time
+    cmd = [sys.executable, str(TRAIN), "-m", *SHORT, *LR,
+           "hydra.sweeper.sampler.n_startup_trials=2", "trainer.batch_size=choice(16,32)",
            "strategy=ddp", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-           "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=6"]  # fmt: skip
+           "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=4"]  # fmt: skip
     run_cmd(cmd, timeout=280, cwd=tmp_path)
     sweep = hydra_sweep(tmp_path)
     trials = study(sweep).trials
-    assert [t.state for t in trials] == [TrialState.COMPLETE] * 6
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
     # What the sweeper saw is each run's own objective, trial n in job folder n.
     for trial in trials:
         found = objective(sweep, trial.number)
