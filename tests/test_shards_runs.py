@@ -1,12 +1,14 @@
 """`dataset=shards` runs as a user starts them: shards served over HTTP on loopback (Python's
-http.server: nginx is not on this machine), ResNet-18 with augmentation on 2 ranks, stopped and
+http.server: nginx is not on this machine), ResNet-18 with augmentation on 2 ranks, killed and
 resumed on 1 rank; and a shard set several times the cache's limit."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import threading
 import time
 from pathlib import Path
@@ -35,8 +37,9 @@ pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
 
 # 2-rank runs that are only compared train in the resident world (tests/worlds.py), one-process
 # runs that are only compared or read in this process (`run_here`: what `train.py
-# strategy=single` runs). Processes are started where the test is about one: loader workers and
-# ranks sharing the cache, a stop when the data stops, a run's last line.
+# strategy=single` runs). Processes are started where the test is about one: a SIGKILL of every
+# process with shard fetches in flight (the cache's part files left behind), loader workers and
+# ranks sharing the cache, a run's last line.
 
 
 @pytest.fixture(scope="module")
@@ -88,23 +91,26 @@ SINGLE = ["strategy=single", "trainer.batch_size=8", "dataset.num_workers=0"]
 
 
 @pytest.mark.timeout(600)
-def test_shards_over_http_stopped_on_2_ranks_resume_on_1_to_the_uninterrupted_weights(
+def test_shards_over_http_killed_on_2_ranks_resume_on_1_to_the_uninterrupted_weights(
     shards: Path, tmp_path: Path
 ) -> None:
     """28 images at a global batch of 8: 3 steps an epoch, 7 steps in all, random crops and flips.
-    The run from the URL is stopped after step 4 (inside epoch 2), then resumed as one process
-    without loader workers: it ends with the uninterrupted 2-rank run's weights, and that run's
-    weights are the ones the same 2-rank run reads from the local folder."""
+    The run from the URL is killed (SIGKILL, every process) after step 4, then resumed as one
+    process without loader workers: it ends with the uninterrupted 2-rank run's weights, and that
+    run's weights are the ones the same 2-rank run reads from the local folder."""
     with serve(shards) as server:
         over_http = _resnet(server.url, tmp_path / "cache")
+        killed = run_until(tmp_path / "cut", [*over_http, *DDP], "[rank 0] epoch 2 | step 5/7",
+                           lambda proc, _: os.killpg(proc.pid, signal.SIGKILL))  # fmt: skip
+        assert killed.returncode == -signal.SIGKILL
+        assert not (tmp_path / "cut" / "model.pt").exists()
+        assert committed_checkpoints(tmp_path / "cut")
+        _, resumed = run_here(tmp_path / "cut", *over_http, *SINGLE)
         # The uninterrupted run from the URL, and from the local folder (the same 2 ranks).
         full = world_run("full", tmp_path / "full", *over_http, *DDP)
         local = world_run("local", tmp_path / "local", *_resnet(str(shards), tmp_path / "unused"),
                           *DDP)  # fmt: skip
-        stopped = world_run("cut", tmp_path / "cut", *over_http, *DDP, "trainer.max_steps=4")
-        run_world(2, [full, local, stopped])
-        assert committed_checkpoints(tmp_path / "cut")[-1].name == "step-00000004"
-        _, resumed = run_here(tmp_path / "cut", *over_http, *SINGLE)
+        run_world(2, [full, local])
     assert "shards train: 28 samples in 4 shards" in full.stdout
     assert "resumed from" in resumed
     assert "resuming at sample" not in resumed  # the same global batch: same samples
