@@ -459,21 +459,18 @@ def run_docs_block(tag: str, root: Path) -> tuple[Path, dict[str, Result]]:
         if args[0] == "cd":
             cwd = cwd / args[1]
             continue
-        if args[0] == "dpt" and runs_in_process(args[1:], cwd):  # a Python start saved
-            results[command] = train_in_process(*args[1:], cwd=cwd, import_from=(cwd,),
-                                                script="dpt")  # fmt: skip
-            assert results[command].returncode == 0, results[command].output
-            continue
-        if args[0] in IN_PROCESS_COMMANDS:  # they train nothing: a Python start saved too
-            results[command] = command_in_process(*args, cwd=cwd, import_from=(cwd,))
-            assert results[command].returncode == 0, results[command].output
-            continue
-        if args[0] == "python" and args[1] != "train.py":  # a helper script: the same
-            results[command] = python_in_process(*args[1:], cwd=cwd)
-            assert results[command].returncode == 0, results[command].output
-            continue
-        results[command] = run_cmd(programs.get(args[0], [args[0]]) + args[1:], timeout=240,
-                                   cwd=cwd)  # fmt: skip
+        # In this process where a Python start adds nothing: a run of no other process, the
+        # commands that train nothing, a helper script.
+        if args[0] == "dpt" and runs_in_process(args[1:], cwd):
+            result = train_in_process(*args[1:], cwd=cwd, import_from=(cwd,), script="dpt")
+        elif args[0] in IN_PROCESS_COMMANDS:
+            result = command_in_process(*args, cwd=cwd, import_from=(cwd,))
+        elif args[0] == "python" and args[1] != "train.py":
+            result = python_in_process(*args[1:], cwd=cwd)
+        else:
+            result = run_cmd(programs.get(args[0], [args[0]]) + args[1:], timeout=240, cwd=cwd)
+        assert result.returncode == 0, result.output  # run_cmd checked it already
+        results[command] = result
     return cwd, results
 
 
@@ -832,6 +829,8 @@ def process_state_kept(user_code: tuple[Path, ...] = ()) -> Iterator[None]:
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     hydra_cfg, job_runtime = HydraConfig.instance().cfg, JobRuntime.instance().conf.copy()
     Plugins.instance()  # Hydra's plugins imported, their configs stored: those stay
+    import dpt.launch.cli  # noqa: F401  (dpt's schemas stored at import: those stay too)
+
     store = _tree_copy(ConfigStore.instance().repo)
     threads, children, locks = set(threading.enumerate()), _children(), run_lock.held()
     try:
@@ -927,7 +926,6 @@ def runs_in_process(
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    import dpt.launch.cli  # noqa: F401  (dpt's schemas stored before the store is kept below)
     from dpt.config.strategies import is_distributed
     from dpt.errors import DptError
 

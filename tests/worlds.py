@@ -1,5 +1,5 @@
-"""Resident worlds: in each pytest worker, a 2-rank and a 4-rank world of processes started once
-(on first use) and kept for the session, that take work from a queue and report back.
+"""Resident worlds: in each pytest worker, worlds of 2, 3 and 4 ranks, each started once (on first
+use) and kept for the session, that take work from a queue and report back.
 
 A test hands a world a module-level function, `fn(rank, *args)`, which every rank runs (as
 `torch.multiprocessing.spawn` would call it), usually a run of `train.py`'s per-rank work inside
@@ -39,7 +39,7 @@ from typing import Any
 
 # Set in a resident rank's process: `joined_world` leaves such a process alive at its end.
 RESIDENT = "DPT_TEST_RESIDENT_RANK"
-# Where the pytest workers agree that one 4-rank world runs at a time.
+# Where the pytest workers agree that one world of more than 2 ranks runs at a time.
 _LOCK = Path(tempfile.gettempdir()) / "dpt-tests-big-worlds.lock"
 # After the first rank's failure, how long the others get to report theirs (a rank waiting in a
 # collective for the failed one never will: the world is then ended).
@@ -134,8 +134,7 @@ class ResidentWorld:
             )
             if missing:
                 why += f"--- ranks {missing} did not finish (timeout {timeout:.0f} s or died) ---\n"
-            tail = self._console_tail()
-            self.close()
+            tail = self._console_tail()  # read before `run` ends the world (and its file)
             raise WorldFailed(f"{fn.__module__}.{fn.__qualname__} on {self.size} resident ranks:\n"
                               f"{why}--- the world's console, last lines ---\n{tail}")  # fmt: skip
 
