@@ -18,8 +18,20 @@ if [ ! -e /usr/include/jpeglib.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >
     apt-get install -y -qq libjpeg62-turbo-dev; }; } >/dev/null 2>&1 ||
     echo "libjpeg62-turbo-dev could not be installed: dpt will decode whole JPEGs"
 fi
+pip=(.venv/bin/pip install --quiet --disable-pip-version-check)
+# uv installs what pip would, resolving and unpacking in parallel: minutes sooner (torch's
+# wheels are gigabytes; pip's resolver spent 2 minutes of a core on dpt's extras). It is taken
+# from the same place as every package (the machine's pip settings passed on to it:
+# scripts/uv_pip_args.py); where it cannot be had, or fails, pip installs.
+install=("${pip[@]}")
+if "${pip[@]}" "uv>=0.5,<1" >/dev/null 2>&1; then
+  mapfile -t uv_args < <(.venv/bin/python scripts/uv_pip_args.py)
+  export SSL_CERT_FILE=${SSL_CERT_FILE:-${PIP_CERT:-}}  # pip's certificates for a mirror
+  [ -n "$SSL_CERT_FILE" ] || unset SSL_CERT_FILE
+  install=(.venv/bin/uv pip install --quiet --python .venv/bin/python "${uv_args[@]}")
+fi
 # shellcheck disable=SC2086  # the spec is a list of requirements
-.venv/bin/pip install --quiet --disable-pip-version-check $torch_spec
-.venv/bin/pip install --quiet --disable-pip-version-check -e ".[dev,docs,mlflow,wandb]"
+"${install[@]}" $torch_spec || "${pip[@]}" $torch_spec
+"${install[@]}" -e ".[dev,docs,mlflow,wandb]" || "${pip[@]}" -e ".[dev,docs,mlflow,wandb]"
 decoder=$(.venv/bin/python -c "from dpt.data.crop_decode import BOX_DECODER; print(BOX_DECODER)")
 echo "dpt installed in $(pwd)/.venv (JPEG box decoder built: $decoder)"

@@ -24,6 +24,7 @@ os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
 
 from tests import netns, worlds
 from tests.helpers import dpt_logger_kept
+from tests.session_runs import SHARED_RUNS, mlflow_uri, session_sweep  # noqa: F401
 from tests.slurm_fixture import slurm_cluster  # noqa: F401  (one cluster for the session)
 
 torch.set_num_threads(1)
@@ -54,17 +55,43 @@ def _dpt_logger_put_back() -> Iterator[None]:
         yield
 
 
-# The files that take longest, started first: the two workers take files in collection order
-# (--no-loadscope-reorder), one whole file at a time (--dist loadfile), so a long file left for
-# last keeps one worker busy while the other has nothing left to do. The seconds are measured,
-# not kept by hand: `python scripts/test_costs.py order JUNIT` writes them from a suite run's
-# JUnit XML (.ci/run writes one). A file not measured yet goes first: it may be long.
+# The files that take longest, started first: the two workers take work units in collection
+# order (--no-loadscope-reorder), one whole unit at a time, so a long unit left for last keeps one
+# worker busy while the other has nothing left to do. A unit is a file (--dist loadfile), but for
+# the files that read the session's sweep and MLflow server (tests/session_runs.py): one unit, so
+# one worker builds them once. The seconds are measured, not kept by hand:
+# `python scripts/test_costs.py order JUNIT` writes them from a suite run's JUnit XML (.ci/run
+# writes one). A file not measured yet goes first: it may be long.
 DURATIONS = Path(__file__).with_name("durations.json")
+SHARED_UNIT = "tests/session_runs"
+
+
+def _unit(path: Path) -> str:
+    return SHARED_UNIT if path.name in SHARED_RUNS else path.name
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    items.sort(key=lambda item: -seconds.get(item.path.name, float("inf")))  # stable
+    unit_seconds: dict[str, float] = {}
+    for path in {item.path for item in items}:
+        unit = _unit(path)
+        unit_seconds[unit] = unit_seconds.get(unit, 0.0) + seconds.get(path.name, float("inf"))
+    # stable: a unit's files stay together, each file's tests in their order
+    items.sort(key=lambda item: (-unit_seconds[_unit(item.path)], _unit(item.path)))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """--dist loadfile, with the files of SHARED_RUNS as one unit."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedRunsTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return SHARED_UNIT if Path(file).name in SHARED_RUNS else file
+
+    return SharedRunsTogether(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -678,6 +678,25 @@ def train_in_process(
     return _in_process(main, script, argv, cwd, import_from)
 
 
+def run_train(run_dir: Path, *overrides: str, timeout: float = 120) -> Result:
+    """`python train.py OVERRIDES hydra.run.dir=RUN_DIR`, unchecked: in this process where the
+    command may run there (`runs_in_process`: one process, no loader workers), else as a process
+    of its own (a world's ranks)."""
+    argv = [*overrides, f"hydra.run.dir={run_dir}"]
+    if runs_in_process(argv, REPO):
+        return train_in_process(*argv)
+    return train(None, *argv, timeout=timeout, check=False)
+
+
+def refused_in_process(run_dir: Path, *overrides: str) -> Result:
+    """`python train.py OVERRIDES hydra.run.dir=RUN_DIR` for a command that is refused before
+    its run or at the start of a one-process run (before any loader worker starts), run in this
+    process (`train_in_process`); its exit status and output as the process would have them."""
+    argv = [*overrides, f"hydra.run.dir={run_dir}"]
+    assert runs_in_process(argv, REPO, loader_workers=True), argv
+    return train_in_process(*argv)
+
+
 # The commands that train nothing (they read a run folder or a text): run in the test's process
 # through their entry point (`command_in_process`), with the argv of the printed line.
 IN_PROCESS_COMMANDS = ("dpt-predict", "dpt-generate", "dpt-export", "dpt-evaluate", "dpt-tokenizer")

@@ -99,6 +99,7 @@ def test_an_allocator_the_user_chose_is_left_alone(
     assert allocator.keep_freed_memory() is False
 
 
+@pytest.mark.slow  # a process of its own trains
 @pytest.mark.timeout(120)
 def test_a_rank_trains_with_the_heap_kept() -> None:
     run = """

@@ -202,6 +202,7 @@ def test_dpt_generate_asks_a_chat_run_in_its_template(monkeypatch: pytest.Monkey
     assert text == "042" and bytes(seen[0]).decode().endswith("<|im_start|>assistant\n")
 
 
+@pytest.mark.slow  # two training runs
 @pytest.mark.timeout(300)
 def test_the_step_weighs_each_answer_token_alike_across_micro_batches(tmp_path: Path) -> None:
     """Windows hold different numbers of answer tokens: a step of 2 micro-batches of 4 takes

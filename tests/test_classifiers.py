@@ -246,6 +246,7 @@ def _gradients(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> 
     return [p.grad for p in model.parameters()]
 
 
+@pytest.mark.slow  # a torchvision model's backward twice: seconds each
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_activation_checkpointing_of_known_blocks_gives_the_same_gradients(name: str) -> None:
     options, kind, count = FAMILIES[name]

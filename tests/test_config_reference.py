@@ -26,6 +26,7 @@ def generated() -> str:
     return reference.page()
 
 
+@pytest.mark.slow  # the page generated: every option of every group composed
 def test_the_page_is_what_the_schemas_and_options_say(generated: str) -> None:
     assert PAGE.read_text() == generated, (
         "docs/reference/config.md is not current: python scripts/config_reference.py "
@@ -33,6 +34,7 @@ def test_the_page_is_what_the_schemas_and_options_say(generated: str) -> None:
     )
 
 
+@pytest.mark.slow  # the page generated: every option of every group composed
 def test_every_key_of_every_group_is_listed_and_no_other(generated: str) -> None:
     assert reference.differences(PAGE.read_text()) == []
     titles = {title for title, _ in reference.page_keys(PAGE.read_text())}
@@ -70,6 +72,7 @@ def test_a_key_without_a_comment_is_refused() -> None:
         reference._section("model=x", Uncommented, "model", {"width": 3}, "", {})
 
 
+@pytest.mark.slow  # the page generated: every option of every group composed
 def test_comments_come_from_the_yaml_then_the_schema(generated: str) -> None:
     assert (  # the YAML's two lines, the one at the key's end and the one aligned under it
         "| `dataset.outage_s` | `float` | `120.0` | seconds a source that does not answer "
@@ -115,6 +118,7 @@ def _experiments() -> str:
     return ", ".join(re.findall(r"^### `experiment=(\w+)`", PAGE.read_text(), re.M))
 
 
+@pytest.mark.slow  # the page generated: every option of every group composed
 def test_help_main_keys_have_the_reference_defaults(help_text: str, generated: str) -> None:
     defaults = dict(re.findall(r"^\| `([\w.]+)` \| `[^`]+` \| `([^`]*)` \|", generated, re.M))
     main = help_text.split("== Main keys ==\n", 1)[1].split("\n\n", 1)[0]

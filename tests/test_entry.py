@@ -28,6 +28,7 @@ print("not reached", file=sys.stderr)
 """
 
 
+@pytest.mark.slow  # a process of its own
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("args", "code"), [(["--help"], 0), (["trainer.lr=0.1"], 1)])
 def test_the_command_keeps_its_status_threads_and_exit_handlers(args: list[str], code: int) -> None:

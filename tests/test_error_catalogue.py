@@ -62,8 +62,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (empty_json / "annotations").mkdir(parents=True)
     (empty_json / "train2017").mkdir()
     (empty_json / "annotations" / "instances_train2017.json").write_text("{}")
-    truncated = root / "truncated_coco"
-    make_fixture(truncated)
+    truncated = root / "truncated_coco"  # the same fixture (its seed), its annotations cut
+    shutil.copytree(coco, truncated)
     ann = truncated / "annotations" / "instances_train2017.json"
     ann.write_text(ann.read_text()[:500])
     old = root / "step-00000002.pt"  # a file, as checkpoints were before DCP
@@ -110,8 +110,9 @@ def made_by_runs(inputs: dict[str, Path]) -> dict[str, Path]:
                  "--shard-size-mb", "0.02")  # fmt: skip
     for shard in broken_shards.glob("train2017-*.tar"):
         shard.unlink()
-    run = root / "mlp_run"
-    train(run, *FAST, "trainer.max_steps=2")
+    run = root / "mlp_run"  # `python train.py ...`, in this process (one process, no workers)
+    made = train_in_process(*FAST, "trainer.max_steps=2", f"hydra.run.dir={run}")
+    assert made.returncode == 0, made.output
     damaged = root / "damaged_weights_run"  # the run, its model_best.pt overwritten with junk
     shutil.copytree(run, damaged)
     (damaged / "model_best.pt").write_bytes(b"\xbe" * 64)

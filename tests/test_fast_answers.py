@@ -56,6 +56,7 @@ def _probe(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str]
     return result, time.monotonic() - start
 
 
+@pytest.mark.slow  # a fresh interpreter each
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("args", "code"), CASES.values(), ids=CASES.keys())
 def test_answers_without_torch_in_under_two_seconds(
@@ -71,6 +72,7 @@ def test_answers_without_torch_in_under_two_seconds(
     assert elapsed < LIMIT_S, f"{elapsed:.2f} s"
 
 
+@pytest.mark.slow  # a fresh interpreter
 @pytest.mark.timeout(60)
 def test_help_says_what_dpt_is_with_the_user_groups_and_main_keys() -> None:
     result = subprocess.run(

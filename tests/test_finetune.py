@@ -44,6 +44,7 @@ def _scalars(run_dir: Path, tag: str) -> list[float]:
     return [e.value for e in events.Scalars(tag)]
 
 
+@pytest.mark.slow  # a ResNet's training run
 @pytest.mark.timeout(300)
 def test_a_frozen_backbone_keeps_its_weights_and_a_fresh_head_trains(
     imagenet_weights: Path, tmp_path: Path
@@ -60,6 +61,7 @@ def test_a_frozen_backbone_keeps_its_weights_and_a_fresh_head_trains(
     assert "2,052 of 11,178,564 parameters train (0.0184 %)" in out
 
 
+@pytest.mark.slow  # a ResNet's training run
 @pytest.mark.timeout(300)
 def test_a_group_at_a_tenth_trains_the_backbone_at_a_tenth_of_the_heads_lr(
     imagenet_weights: Path, tmp_path: Path

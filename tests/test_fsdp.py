@@ -138,6 +138,7 @@ def _trained(tmp_path: Path, model: str, recompute: bool, steps: int = 3) -> tor
     return trainer.model
 
 
+@pytest.mark.slow  # two training runs each
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("model", list(MODELS))
 def test_activation_checkpointing_gives_the_same_weights(tmp_path: Path, model: str) -> None:
@@ -168,6 +169,7 @@ def _saved_and_forwards(model: torch.nn.Module, inputs: torch.Tensor) -> tuple[i
     return forward_saved, len(calls)
 
 
+@pytest.mark.slow  # two ResNet training runs
 @pytest.mark.timeout(300)
 def test_activation_checkpointing_recomputes_blocks_and_keeps_less(tmp_path: Path) -> None:
     inputs = torch.randn(8, 3, 32, 32)

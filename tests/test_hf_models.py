@@ -240,6 +240,7 @@ def test_dpts_gpt_from_gpt2_weights_gives_gpt2s_logits(
     assert (_logits(trainer.model, ids) - _logits(reference, ids)).abs().max() < 1e-4
 
 
+@pytest.mark.slow  # two training runs
 @pytest.mark.timeout(120)
 def test_a_bert_and_a_vit_folder_train_as_classifiers_with_the_datas_head(
     folders: dict[str, Path], tmp_path: Path

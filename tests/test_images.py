@@ -20,6 +20,7 @@ from tests.helpers import (
     WorldRun,
     committed_checkpoints,
     load_weights,
+    refused_in_process,
     run_here,
     run_world,
     train,
@@ -227,7 +228,7 @@ def test_resnet18_on_fake_images(tmp_path: Path) -> None:
 def test_model_dataset_mismatch_and_missing_paths(
     tmp_path: Path, overrides: list[str], message: str
 ) -> None:
-    result = train(tmp_path / "run", *overrides, check=False)
+    result = refused_in_process(tmp_path / "run", *overrides)
     assert result.returncode == 1
     assert result.stderr.strip() == message
 
@@ -238,16 +239,14 @@ def test_missing_and_truncated_annotation_files(coco: Path, tmp_path: Path) -> N
     root = tmp_path / "coco"
     (root / "annotations").mkdir(parents=True)
     (root / "train2017").mkdir()
-    missing = train(
-        tmp_path / "a", "model=resnet18", "dataset=coco", f"dataset.root={root}", check=False
-    )
+    missing = refused_in_process(tmp_path / "a", "model=resnet18", "dataset=coco",
+                                 f"dataset.root={root}")  # fmt: skip
     ann = root / "annotations" / "instances_train2017.json"
     assert missing.stderr.strip() == f"Error: dataset=coco: COCO annotation file not found: {ann}"
     text = (coco / "annotations" / "instances_train2017.json").read_text()
     ann.write_text(text[: len(text) // 2])
-    truncated = train(
-        tmp_path / "b", "model=resnet18", "dataset=coco", f"dataset.root={root}", check=False
-    )
+    truncated = refused_in_process(tmp_path / "b", "model=resnet18", "dataset=coco",
+                                   f"dataset.root={root}")  # fmt: skip
     assert truncated.stderr.strip().startswith(
         f"Error: dataset=coco: COCO annotation file is not valid JSON: {ann}"
     )

@@ -89,6 +89,7 @@ def test_the_console_line_shows_tokens_and_mfu_to_a_slivers_digits() -> None:
     assert throughput_text({"perf/tflops": 0.05213}) == " | 0.0521 TFLOP/s"
 
 
+@pytest.mark.slow  # torch.compile: seconds
 @pytest.mark.timeout(240)
 def test_recomputed_blocks_compile_to_the_same_gradients() -> None:
     """model.activation_checkpointing with trainer.compile (experiment=gpt2_small): torch.compile

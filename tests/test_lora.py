@@ -150,6 +150,7 @@ def _sharded_rank(rank: int, world: int, port: int, out: Path) -> None:
         torch.save({"state": state, "local_rows": local.shape[0]}, out / f"rank{rank}.pt")
 
 
+@pytest.mark.slow  # a world of 2 ranks
 @pytest.mark.timeout(120)
 def test_init_lora_draws_each_fsdp_shard_of_the_same_adapters(tmp_path: Path) -> None:
     """fsdp's DTensors on 2 ranks: each rank's shard of the draw an unsharded model makes."""

@@ -119,6 +119,7 @@ def _bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
+@pytest.mark.slow  # two training runs
 @pytest.mark.timeout(300)
 def test_a_lora_checkpoint_holds_the_adapters_alone(
     folders: dict[str, Path], tmp_path: Path

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # fresh interpreters: processes of their own
 
 PROBE = """
 import sys

@@ -5,9 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import signal
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +18,13 @@ from dpt.commands.predict import Predictor, main
 from dpt.data.images import read_image_rgb, val_transform
 from dpt.models import build_model
 from dpt.state.results import BEST_MODEL, LAST_MODEL, RunData, write_run_data
-from tests.helpers import REPO, TRAIN, assert_no_leftovers, compose, run_cmd, start
+from tests.helpers import (
+    REPO,
+    command_in_process,
+    compose,
+    runs_in_process,
+    train_in_process,
+)
 from tests.task_models import SimpleNet
 
 CLASSES = ["cat", "dog", "bird"]
@@ -264,15 +267,9 @@ def test_missing_best_falls_back_to_the_last_with_a_notice(
 
 
 def test_runs_as_a_command(run: Run) -> None:
-    result = run_cmd(
-        [
-            str(Path(sys.executable).parent / "dpt-predict"),
-            str(run.folder),
-            str(run.images / "dog"),
-        ],
-        timeout=120,
-        cwd=REPO,
-    )
+    # the installed console script's entry point, in this process: it trains nothing
+    result = command_in_process("dpt-predict", str(run.folder), str(run.images / "dog"))
+    assert result.returncode == 0, result.output
     lines = result.stdout.strip().splitlines()
     assert [line.split()[0] for line in lines[:2]] == [
         str(run.images / "dog" / "a.png"),
@@ -420,12 +417,12 @@ TASK_RUNS = {
 
 @pytest.fixture(scope="module")
 def task_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One finished run of each task, trained at once (4 steps each): `train.py --config-dir`
-    with a dataset and a model file per task, as a user writes them."""
+    """One finished run of each task (4 steps each): `train.py --config-dir` with a dataset and
+    a model file per task, as a user writes them, each run in this process (one process, no
+    loader workers: `tests.helpers.train_in_process`)."""
     root = tmp_path_factory.mktemp("tasks")
     for group in ("dataset", "model"):
         (root / "conf" / group).mkdir(parents=True)
-    started = {}
     for task, (outputs, names, target, overrides) in TASK_RUNS.items():
         vectors = {"_target_": "tests.task_models.RandomVectors", "input_dim": INPUT_DIM,
                    "target": target, "outputs": outputs}  # fmt: skip
@@ -438,21 +435,12 @@ def task_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         # dpt's own files: conf/dataset/custom.yaml would hide the one it extends).
         (root / "conf" / "dataset" / f"{task}_vectors.yaml").write_text(json.dumps(dataset))
         (root / "conf" / "model" / f"{task}.yaml").write_text(json.dumps(model))
-        cmd = [sys.executable, str(TRAIN), "--config-dir", str(root / "conf"), f"model={task}",
-               f"dataset={task}_vectors", *overrides, "trainer.batch_size=16", "trainer.epochs=1",
-               "trainer.device=cpu", "checkpoint.enabled=false",
-               f"hydra.run.dir={root / task}"]  # fmt: skip
-        started[task] = start(cmd, env={"OMP_NUM_THREADS": "1"})  # 4 runs beside each other
-    try:
-        for task, proc in started.items():
-            stdout, stderr = proc.communicate(timeout=120)
-            assert proc.returncode == 0, f"{task} run: exit {proc.returncode}\n{stdout}{stderr}"
-            assert_no_leftovers(proc.pid)
-    finally:
-        for proc in started.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        argv = ["--config-dir", str(root / "conf"), f"model={task}", f"dataset={task}_vectors",
+                *overrides, "trainer.batch_size=16", "trainer.epochs=1", "trainer.device=cpu",
+                "checkpoint.enabled=false", f"hydra.run.dir={root / task}"]  # fmt: skip
+        assert runs_in_process(argv, REPO)
+        result = train_in_process(*argv)
+        assert result.returncode == 0, f"{task} run: exit {result.returncode}\n{result.output}"
     return {task: root / task for task in TASK_RUNS}
 
 

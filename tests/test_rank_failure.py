@@ -76,6 +76,7 @@ def test_a_loader_workers_exception_names_the_worker() -> None:
     assert describe(error) == "loader worker 0 raised ValueError: cannot read sample 0"
 
 
+@pytest.mark.slow  # a loader worker process, killed
 @pytest.mark.timeout(60)
 def test_a_killed_loader_worker_is_said_with_what_to_lower() -> None:
     loader = DataLoader(KillsItsWorker(), batch_size=2, num_workers=1, timeout=30)

@@ -21,6 +21,7 @@ from tests.helpers import (
     load_weights,
     max_abs_diff,
     read_checkpoint,
+    refused_in_process,
     run_here,
     run_until,
     run_world,
@@ -162,13 +163,9 @@ def test_truncated_or_corrupt_checkpoint_is_refused_and_auto_falls_back(tmp_path
     (newest / "__0_0.distcp").write_bytes(data[: len(data) // 2])  # its data cut off
     (ckpts / "step-00000010" / ".metadata").write_bytes(os.urandom(4096))  # corrupt
 
-    explicit = train(
-        tmp_path / "other",
-        *common,
-        f"checkpoint.resume={newest}",
-        "trainer.max_steps=20",
-        check=False,
-    )  # a process of its own: its exit status and last line
+    explicit = refused_in_process(
+        tmp_path / "other", *common, f"checkpoint.resume={newest}", "trainer.max_steps=20"
+    )  # its exit status and last line, as its process ends
     assert explicit.returncode == 1
     assert explicit.stderr.strip().startswith(
         f"Error: checkpoint {newest} is unreadable (cut off or corrupt):"
@@ -181,7 +178,7 @@ def test_truncated_or_corrupt_checkpoint_is_refused_and_auto_falls_back(tmp_path
 
 @pytest.mark.timeout(120)
 def test_resume_path_that_does_not_exist(tmp_path: Path) -> None:
-    result = train(tmp_path / "run", *FAST, "checkpoint.resume=/nonexistent/step-1", check=False)
+    result = refused_in_process(tmp_path / "run", *FAST, "checkpoint.resume=/nonexistent/step-1")
     assert result.returncode == 1
     assert result.stderr.strip() == "Error: checkpoint.resume=/nonexistent/step-1: folder not found"
 

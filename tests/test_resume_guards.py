@@ -3,6 +3,7 @@ run folder's checkpoint recognised. In this process (no ranks started): fast."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from tests.test_checkpoint import CPU1, _parts
 SMALL = ["dataset.num_samples=256", "dataset.num_val_samples=0", "trainer.batch_size=32"]
 
 
+@functools.cache  # the same overrides compose the same config: the tests share the base's
 def _yaml(*overrides: str) -> str:
     return OmegaConf.to_yaml(compose(*SMALL, *overrides))
 

@@ -25,6 +25,7 @@ from tests.helpers import (
     run_cmd,
     summary,
 )
+from tests.session_runs import Sweep
 
 pytestmark = pytest.mark.slow  # every test here starts train.py or ranks
 
@@ -57,13 +58,14 @@ def skip_if_mps() -> None:
         pytest.skip("these tests make a job fail with trainer.device=mps")
 
 
-@pytest.mark.timeout(240)
-def test_a_sweep_of_every_multi_process_strategy_then_single(tmp_path: Path) -> None:
+@pytest.mark.timeout(420)
+def test_a_sweep_of_every_multi_process_strategy_then_single(session_sweep: Sweep) -> None:
     """ddp, fsdp and pipeline jobs (2 ranks each), then a single one: it would fail on a
-    leftover RANK or WORLD_SIZE; each rank names its TensorBoard folder as the sweep does."""
-    result = multirun(tmp_path, "strategy=ddp,fsdp,pipeline,single", timeout=200)
-    sweep = hydra_sweep(tmp_path)
-    assert {p.name for p in sweep.iterdir()} == {"0", "1", "2", "3", *SWEEP_FILES}
+    leftover RANK or WORLD_SIZE; each rank names its TensorBoard folder as the sweep does. (The
+    session's sweep, tests/session_runs.py, which logs to every tracker too.)"""
+    sweep = session_sweep.folder
+    # trackers.json: the sweep's MLflow run, the parent of its jobs' runs
+    assert {p.name for p in sweep.iterdir()} == {"0", "1", "2", "3", *SWEEP_FILES, "trackers.json"}
     one = (["rank0.log"], ["rank0", "world"])
     two = (["rank0.log", "rank1.log"], ["rank0", "rank1", "world"])
     assert [ranks_in(sweep, job) for job in range(4)] == [two, two, two, one]
@@ -84,9 +86,9 @@ def test_a_sweep_of_every_multi_process_strategy_then_single(tmp_path: Path) -> 
     assert float(rows[2]["final_loss"]) == pytest.approx(float(rows[3]["final_loss"]), abs=1e-5)
     assert (sweep / "summary.png").stat().st_size > 1000
     # One console format: Hydra's own lines as `[sweep] ...`, not `[<date> <time>][HYDRA] ...`.
-    lines = result.stdout.splitlines()
+    lines = session_sweep.result.stdout.splitlines()
     assert "[sweep] Launching 4 jobs locally" in lines
-    assert not [line for line in lines if "[HYDRA]" in line], result.stdout
+    assert not [line for line in lines if "[HYDRA]" in line], session_sweep.result.stdout
 
 
 @pytest.mark.timeout(240)

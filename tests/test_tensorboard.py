@@ -1,4 +1,5 @@
-"""What a person sees in TensorBoard: a sweep, read through a real `tensorboard` server's API."""
+"""What a person sees in TensorBoard: a sweep (the session's, tests/session_runs.py: a ddp, an
+fsdp, a pipeline and a single job), read through a real `tensorboard` server's API."""
 
 from __future__ import annotations
 
@@ -17,15 +18,14 @@ from typing import Any
 import pytest
 
 from dpt.observe import dashboard
-from tests.helpers import FAST, TRAIN, free_port, run_cmd, start
+from tests.helpers import free_port, start
+from tests.session_runs import LOG_EVERY, STEPS, STRATEGIES, Sweep
 
+JOBS = [f"{job} strategy={strategy}" for job, strategy in enumerate(STRATEGIES)]
 SWEEP_RUNS = {
     "tb",  # the sweep's one experiment
-    "tb/0 strategy=single/rank0",
-    "tb/0 strategy=single/world",
-    "tb/1 strategy=ddp/rank0",
-    "tb/1 strategy=ddp/rank1",
-    "tb/1 strategy=ddp/world",
+    *(f"tb/{job}/{rank}" for job in JOBS for rank in ("rank0", "world")),
+    *(f"tb/{job}/rank1" for job in JOBS if not job.endswith("single")),  # 2 ranks
 }
 TENSORBOARD = Path(sys.executable).with_name("tensorboard")
 
@@ -50,14 +50,8 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two jobs, 4 steps each: one single-process, one ddp on 2 ranks."""
-    sweep = tmp_path_factory.mktemp("tb") / "sweep"
-    cmd = [sys.executable, str(TRAIN), "-m", *FAST, "trainer.max_steps=4",
-           "trainer.log_every_n_steps=2", "strategy=single,ddp",
-           f"hydra.sweep.dir={sweep}"]  # fmt: skip
-    run_cmd(cmd, timeout=240)
-    return sweep
+def sweep(session_sweep: Sweep) -> Path:
+    return session_sweep.folder
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +93,12 @@ def test_runs_are_named_by_job_swept_values_and_rank(server: Server) -> None:
 def test_hparams_shows_what_the_sweep_varied(server: Server) -> None:
     experiment = server.post("/data/plugin/hparams/experiment", {"experimentName": ""})
     infos = {info["name"]: info for info in experiment["hparamInfos"]}
-    assert infos["strategy"]["domainDiscrete"] == ["ddp", "single"]
+    assert infos["strategy"]["domainDiscrete"] == sorted(STRATEGIES)
     assert infos["strategy"]["differs"] is True
     assert infos["world_size"]["domainDiscrete"] == [1, 2] and infos["world_size"]["differs"]
     # Keys every job shared are listed with their one value, and not as differing.
     assert infos["trainer.max_steps"] == {**infos["trainer.max_steps"], "differs": False,
-                                          "domainDiscrete": [4]}  # fmt: skip
+                                          "domainDiscrete": [STEPS]}  # fmt: skip
     differing = [info["name"] for info in experiment["hparamInfos"] if info["differs"]]
     assert experiment["hparamInfos"][: len(differing)] == [infos[n] for n in differing]
     tags = [m["name"]["tag"] for m in experiment["metricInfos"]]
@@ -126,15 +120,15 @@ def test_each_job_is_a_session_with_its_final_metrics(server: Server, sweep: Pat
         },
     )
     groups = {g["name"]: g for g in reply["sessionGroups"]}
-    assert set(groups) == {"tb/0 strategy=single/world", "tb/1 strategy=ddp/world"}
-    for job, strategy in enumerate(("single", "ddp")):
-        group = groups[f"tb/{job} strategy={strategy}/world"]
+    assert set(groups) == {f"tb/{job}/world" for job in JOBS}
+    for job, strategy in enumerate(STRATEGIES):
+        group = groups[f"tb/{JOBS[job]}/world"]
         assert group["hparams"]["strategy"] == strategy
         assert [s["status"] for s in group["sessions"]] == ["STATUS_SUCCESS"]
         values = {m["name"]["tag"]: m for m in group["metricValues"]}
         assert set(values) == set(dashboard.SESSION_METRICS)
         result = metrics_json(sweep, job)
-        assert values["train/loss"]["trainingStep"] == 4  # the last point of the curve
+        assert values["train/loss"]["trainingStep"] == STEPS  # the last point of the curve
         assert values["train/loss"]["value"] == pytest.approx(result["final_loss"], rel=1e-5)
         assert values["val/acc1"]["value"] == pytest.approx(result["val"]["val/acc1"], rel=1e-5)
 
@@ -145,10 +139,10 @@ def test_scalars_are_training_curves_without_hparam_points(server: Server) -> No
     tags = server.get("/data/plugin/scalars/tags")
     assert not [t for run in tags.values() for t in run if t.startswith("hparam/")]
     for rank in ("rank0", "rank1"):
-        run = f"tb/1 strategy=ddp/{rank}"
+        run = f"tb/0 strategy=ddp/{rank}"
         assert {"train/loss", "train/samples_per_s", "time/step_s"} <= set(tags[run])
         points = server.get("/data/plugin/scalars/scalars", run=run, tag="train/loss")
-        assert [step for _, step, _ in points] == [2, 4]  # a curve: every logging step
+        assert [step for _, step, _ in points] == [LOG_EVERY, STEPS]  # a curve: each logged step
 
 
 @pytest.mark.slow

@@ -29,21 +29,20 @@ from tests.helpers import (
     run_here,
     start,
 )
+from tests.session_runs import STRATEGIES, Sweep
 from tests.trackers_read import (
     artifacts,
     by_key,
     csv_rows,
     history,
     metric_steps,
-    mlflow_server,
+    relay,
     runs_of,
     stop,
     wait_up,
     wandb_records,
 )
 
-ALL = "logger=[tensorboard,mlflow,wandb,csv]"
-DDP = ["strategy=ddp", "launcher.nproc_per_node=2", "trainer.batch_size=32"]
 # Wide enough that a run is still training when it is killed.
 LONG = [*FAST, "model.hidden_dims=[512,512]", "trainer.max_steps=200",
         "checkpoint.every_n_steps=20", "trainer.log_every_n_steps=5"]  # fmt: skip
@@ -51,22 +50,6 @@ LONG = [*FAST, "model.hidden_dims=[512,512]", "trainer.max_steps=200",
 
 def dpt(*args: str, cwd: Path, timeout: float = 240, check: bool = True) -> Result:
     return run_cmd([sys.executable, str(TRAIN), *args], timeout=timeout, cwd=cwd, check=check)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as found:
-        yield found
-
-
-@pytest.fixture(scope="module")
-def sweep(server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Result]:
-    """A 2-job sweep under ddp, to every tracker."""
-    root = tmp_path_factory.mktemp("sweep")
-    result = dpt("-m", *FAST, *DDP, "trainer.max_steps=10", ALL, "trainer.seed=1,2",
-                 f"logger.mlflow.tracking_uri={server[0]}", f"hydra.sweep.dir={root / 's'}",
-                 cwd=root)  # fmt: skip
-    return root / "s", result
 
 
 def _points_equal(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> bool:
@@ -77,33 +60,39 @@ def _points_equal(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> boo
 
 
 @pytest.mark.slow
-def test_a_ddp_sweep_is_one_mlflow_parent_run_with_a_child_run_per_job(
-    server: Any, sweep: tuple[Path, Result]
-) -> None:
-    uri, folder = server[0], sweep[0]
+@pytest.mark.timeout(420)
+def test_a_sweep_is_one_mlflow_parent_run_with_a_child_run_per_job(session_sweep: Sweep) -> None:
+    """The session's sweep (tests/session_runs.py): a ddp, an fsdp, a pipeline and a single
+    job, each a child run of the sweep's run, holding its config, dpt's tags, the history
+    metrics.json has and its files."""
+    uri, folder = session_sweep.uri, session_sweep.folder
     runs = {
         run.info.run_name: run
         for run in runs_of(uri)
-        if str(folder) in run.data.tags.get("sweep_dir", "")
-        or run.info.run_name.startswith(("0 ", "1 "))
+        if run.data.tags.get("sweep_dir") == str(folder)
+        or (folder / "tb" / run.info.run_name).is_dir()
     }
     parent = next(r for r in runs.values() if "sweep_dir" in r.data.tags)
     children = [
         r for r in runs.values() if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
     ]
-    assert sorted(r.info.run_name for r in children) == ["0 trainer.seed=1", "1 trainer.seed=2"]
+    assert sorted(r.info.run_name for r in children) == [
+        f"{job} strategy={strategy}" for job, strategy in enumerate(STRATEGIES)
+    ]
     assert sorted(artifacts(uri, parent.info.run_id)) == ["summary.csv", "summary.png"]
     for child in children:
         job = folder / child.info.run_name.split()[0]
         config = OmegaConf.load(job / ".hydra" / "config.yaml")
+        strategy = child.info.run_name.split("strategy=")[1]
+        world_size = "1" if strategy == "single" else "2"
         params = child.data.params
         assert params["optimizer.lr"] == str(config.optimizer.lr)
         assert params["trainer.seed"] == str(config.trainer.seed)
-        assert params["strategy"] == "ddp" and params["world_size"] == "2"
+        assert (params["strategy"], params["world_size"]) == (strategy, world_size)
         tags = child.data.tags
         assert (tags["strategy"], tags["world_size"], tags["task"]) == (
-            "ddp",
-            "2",
+            strategy,
+            world_size,
             "classification",
         )
         assert child.info.status == "FINISHED"
@@ -115,24 +104,26 @@ def test_a_ddp_sweep_is_one_mlflow_parent_run_with_a_child_run_per_job(
 
 
 @pytest.mark.slow
-def test_csv_and_wandb_offline_hold_the_runs_history(sweep: tuple[Path, Result]) -> None:
-    job = sweep[0] / "0"
-    rows = history(job)
-    assert csv_rows(job) == rows  # every value as metrics.json has it
-    config, logged = wandb_records(job)
-    assert config["optimizer.lr"] == OmegaConf.load(job / ".hydra/config.yaml").optimizer.lr
-    assert config["trainer.seed"] == 1
-    wandb_points = by_key([{k: v for k, v in row.items() if not k.startswith("_")}
-                           | {"step": row["_step"]} for row in logged])  # fmt: skip
-    assert wandb_points["train/loss"] == by_key(rows)["train/loss"]
-    assert wandb_points["val/acc1"] == by_key(rows)["val/acc1"]
+@pytest.mark.timeout(420)
+def test_csv_and_wandb_offline_hold_the_runs_history(session_sweep: Sweep) -> None:
+    for job in (session_sweep.folder / str(n) for n in range(len(STRATEGIES))):
+        rows = history(job)
+        assert csv_rows(job) == rows  # every value as metrics.json has it
+        config, logged = wandb_records(job)
+        swept = OmegaConf.load(job / ".hydra/config.yaml")
+        assert config["optimizer.lr"] == swept.optimizer.lr
+        assert config["strategy"] == STRATEGIES[int(job.name)]
+        wandb_points = by_key([{k: v for k, v in row.items() if not k.startswith("_")}
+                               | {"step": row["_step"]} for row in logged])  # fmt: skip
+        assert wandb_points["train/loss"] == by_key(rows)["train/loss"]
+        assert wandb_points["val/acc1"] == by_key(rows)["val/acc1"]
 
 
 @pytest.mark.slow
 def test_an_optuna_search_is_a_parent_run_with_a_child_run_per_trial(
-    server: Any, tmp_path: Path
+    mlflow_uri: str, tmp_path: Path
 ) -> None:
-    uri = server[0]
+    uri = mlflow_uri
     dpt("-m", *FAST, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "trainer.max_steps=5",
         "optimizer.lr=interval(0.001,0.01)", "logger=[mlflow]", f"logger.mlflow.tracking_uri={uri}",
         f"hydra.sweep.dir={tmp_path / 'search'}", cwd=tmp_path)  # fmt: skip
@@ -164,9 +155,9 @@ def _kill_when_logged(uri: str, run_dir: Path, step: int) -> Any:
 
 @pytest.mark.slow
 def test_a_killed_and_resumed_run_is_one_mlflow_run_without_steps_twice(
-    server: Any, tmp_path: Path
+    mlflow_uri: str, tmp_path: Path
 ) -> None:
-    uri, run_dir = server[0], tmp_path / "run"
+    uri, run_dir = mlflow_uri, tmp_path / "run"
     args = [*LONG, "logger=[tensorboard,mlflow,csv]", f"logger.mlflow.tracking_uri={uri}",
             f"hydra.run.dir={run_dir}"]  # fmt: skip
     killed = cmd_until([sys.executable, str(TRAIN), *args], "step 30/200",
@@ -193,15 +184,16 @@ def test_a_killed_and_resumed_run_is_one_mlflow_run_without_steps_twice(
 
 @pytest.mark.slow
 def test_a_server_gone_mid_run_costs_one_warning_and_nothing_else(
-    server: Any, tmp_path: Path
+    mlflow_uri: str, tmp_path: Path
 ) -> None:
-    """Last in this file: it stops the module's server."""
-    uri, proc = server
+    """The session's server reached through a relay, which goes away at step 20: for the run,
+    its server gone (the port refuses, every connection cut)."""
     run_dir = tmp_path / "run"
-    args = [*LONG, "logger=[tensorboard,mlflow,csv]", f"logger.mlflow.tracking_uri={uri}",
-            f"hydra.run.dir={run_dir}"]  # fmt: skip
-    done = cmd_until([sys.executable, str(TRAIN), *args], "step 20/200",
-                     lambda *_: stop(proc), cwd=tmp_path)  # fmt: skip
+    with relay(mlflow_uri) as (uri, gone):
+        args = [*LONG, "logger=[tensorboard,mlflow,csv]", f"logger.mlflow.tracking_uri={uri}",
+                f"hydra.run.dir={run_dir}"]  # fmt: skip
+        done = cmd_until([sys.executable, str(TRAIN), *args], "step 20/200",
+                         lambda *_: gone(), cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.output[-3000:]
     warnings = [line for line in done.output.splitlines() if "logger mlflow:" in line]
     assert len(warnings) == 1, warnings
@@ -211,6 +203,7 @@ def test_a_server_gone_mid_run_costs_one_warning_and_nothing_else(
     assert {"model.pt", "model_best.pt", "data.json"} <= {p.name for p in run_dir.iterdir()}
 
 
+@pytest.mark.slow  # a process of its own trains
 def test_a_run_with_tensorboard_alone_imports_no_tracker(tmp_path: Path) -> None:
     script = (
         "import sys\n"

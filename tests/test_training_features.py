@@ -24,13 +24,15 @@ from tests.helpers import (
     load_weights,
     max_abs_diff,
     run_here,
+    run_train,
     spawn,
     train,
 )
 
 # One-process runs whose weights, curves or console lines are checked train in this process
-# (`run_here`: what `train.py strategy=single` runs); a run that must end a process with an
-# error line, and the compiled run (torch.compile's worker processes), start train.py.
+# (`run_here`: what `train.py strategy=single` runs), so do the one-process runs that end with an
+# error line (`run_train`: as `train.py` would end); the worlds' runs and the compiled run
+# (torch.compile's worker processes) start train.py.
 
 
 def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
@@ -178,15 +180,10 @@ def test_warmup_cosine_curve() -> None:
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp"])
 def test_non_finite_loss_stops_naming_step_and_rank(tmp_path: Path, strategy: str) -> None:
-    result = train(
-        tmp_path,
-        *FAST,
-        f"strategy={strategy}",
-        "optimizer=sgd",
-        "optimizer.lr=1e30",
+    result = run_train(
+        tmp_path, *FAST, f"strategy={strategy}", "optimizer=sgd", "optimizer.lr=1e30",
         "trainer.max_steps=10",
-        check=False,
-    )
+    )  # fmt: skip
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
     assert "non-finite loss" in line and "at step 2 on rank 0" in line, line
@@ -197,16 +194,10 @@ def test_non_finite_loss_stops_naming_step_and_rank(tmp_path: Path, strategy: st
 @pytest.mark.timeout(200)
 def test_a_non_finite_loss_is_caught_before_anything_is_saved(tmp_path: Path) -> None:
     # The loss is inf from step 2; ranks agree on it at step 3, a checkpoint step, before saving.
-    result = train(
-        tmp_path,
-        *FAST,
-        "optimizer=sgd",
-        "optimizer.lr=1e30",
-        "trainer.log_every_n_steps=10",
-        "checkpoint.every_n_steps=3",
-        "trainer.max_steps=10",
-        check=False,
-    )
+    result = run_train(
+        tmp_path, *FAST, "optimizer=sgd", "optimizer.lr=1e30", "trainer.log_every_n_steps=10",
+        "checkpoint.every_n_steps=3", "trainer.max_steps=10",
+    )  # fmt: skip
     assert result.returncode == 1
     assert "at step 2 on rank 0" in result.stderr.strip().splitlines()[-1], result.stderr
     assert not list((tmp_path / "checkpoints").glob("*.pt"))  # step 3's would hold inf weights

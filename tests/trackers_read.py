@@ -3,12 +3,15 @@ run file (its records, with W&B's own protobuf classes), metrics.csv."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import socket
 import struct
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,50 @@ def mlflow_server(folder: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
         yield uri, proc
     finally:
         stop(proc)
+
+
+@contextmanager
+def relay(uri: str) -> Iterator[tuple[str, Callable[[], None]]]:
+    """A TCP relay on a free loopback port to the server at `uri` (http://host:port): its URI,
+    and a function that takes it away (its port closed, every connection through it cut): for
+    the client, the server gone."""
+    host, port = uri.removeprefix("http://").rsplit(":", 1)
+    listener = socket.create_server(("127.0.0.1", 0))
+    open_sockets: list[socket.socket] = [listener]
+    closed = threading.Event()
+
+    def pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener closed: gone
+            while True:
+                client, _ = listener.accept()
+                if closed.is_set():  # accepted as it went away
+                    client.close()
+                    return
+                server = socket.create_connection((host, int(port)))
+                open_sockets.extend((client, server))
+                for ends in ((client, server), (server, client)):
+                    threading.Thread(target=pump, args=ends, daemon=True).start()
+
+    def gone() -> None:
+        closed.set()
+        for one in list(open_sockets):
+            with contextlib.suppress(OSError):
+                one.shutdown(socket.SHUT_RDWR)
+            one.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", gone
+    finally:
+        gone()
 
 
 def wait_up(uri: str, proc: subprocess.Popen[str]) -> None:
