@@ -112,6 +112,7 @@ def _record(run_dir: Path, split: str) -> dict:
 # --- the numbers ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # reads the module's three training runs
 @pytest.mark.parametrize("run", ["classification", "regression", "language_model"])
 def test_on_val_its_metrics_are_the_runs_last_validations(
     runs: Runs, run: str, capsys: pytest.CaptureFixture[str]
@@ -129,6 +130,7 @@ def test_on_val_its_metrics_are_the_runs_last_validations(
         assert key in out
 
 
+@pytest.mark.slow  # reads the module's three training runs
 def test_on_an_image_folders_test_split_it_writes_the_table_and_the_confusion_matrix(
     runs: Runs, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -156,6 +158,7 @@ def test_on_an_image_folders_test_split_it_writes_the_table_and_the_confusion_ma
     assert f"wrote {runs.classification / f'eval-{TEST}.json'}, {png}" in out
 
 
+@pytest.mark.slow  # reads the module's three training runs
 def test_the_confusion_matrix_is_an_image_tensorboard_reads(
     runs: Runs, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -173,6 +176,7 @@ def test_the_confusion_matrix_is_an_image_tensorboard_reads(
     assert (image.width, image.height) == Image.open(png).size
 
 
+@pytest.mark.slow  # reads the module's three training runs
 def test_a_regression_gets_a_scatter_plot_of_its_test_split_and_its_trackers_all(
     runs: Runs, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,6 +195,7 @@ def test_a_regression_gets_a_scatter_plot_of_its_test_split_and_its_trackers_all
     assert f"{TEST}/r2" in out
 
 
+@pytest.mark.slow  # reads the module's three training runs
 def test_a_language_model_gets_loss_and_perplexity_on_test_txt(
     runs: Runs, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -206,6 +211,7 @@ def test_a_language_model_gets_loss_and_perplexity_on_test_txt(
 # --- bad input ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # reads the module's three training runs
 def test_a_split_the_data_set_lacks_is_one_line_naming_what_it_has(
     runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -223,6 +229,7 @@ def test_a_split_the_data_set_lacks_is_one_line_naming_what_it_has(
     _evaluate(capsys, runs.classification, "--data", moved, "--split", VAL)  # what it says works
 
 
+@pytest.mark.slow  # reads the module's three training runs
 def test_a_folder_that_is_no_run_and_a_run_without_weights_are_one_line(
     runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -30,7 +30,6 @@ from tests.helpers import (
 from tests.test_hf_models import _single
 
 transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
 
 STEPS, GLOBAL_BATCH, KILLED_AT = 12, 8, 4
 SGD = ["optimizer=sgd", "optimizer.lr=0.1", "optimizer.momentum=0", "trainer.log_every_n_steps=4",
@@ -187,6 +186,7 @@ def test_the_merged_and_the_adapter_exports_load_with_the_runs_logits(
     assert {p.name for p in (tmp_path / "adapter").iterdir()} >= {
         "adapter_config.json", "adapter_model.safetensors"}  # fmt: skip
     base = transformers.AutoModelForCausalLM.from_pretrained(folders["llama"])
+    peft = pytest.importorskip("peft")  # here, not at collection: 1.7 s of each pytest worker
     adapted = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
     assert (_logits(adapted) - expected).abs().max() < 1e-5
 
@@ -212,6 +212,7 @@ def test_the_fine_tuning_guide_runs_from_a_chat_file_to_an_adapter_and_a_frozen_
     merged = transformers.AutoModelForCausalLM.from_pretrained(folder / "exported" / "merged")
     assert (_logits(merged.eval()) - expected).abs().max() < 1e-5
     base = transformers.AutoModelForCausalLM.from_pretrained(base_folder)
+    peft = pytest.importorskip("peft")
     adapted = peft.PeftModel.from_pretrained(base, folder / "exported" / "adapter").eval()
     assert (_logits(adapted) - expected).abs().max() < 1e-5
     frozen, start = load_weights(folder / "outputs" / "frozen"), torch.load(

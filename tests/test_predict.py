@@ -471,6 +471,7 @@ def _lines(out: str) -> list[list[str]]:
     return [line.split() for line in out.strip().splitlines()]
 
 
+@pytest.mark.slow  # reads the module's four training runs
 def test_binary_one_column_writes_the_probability_and_the_label_at_the_threshold(
     task_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -510,6 +511,7 @@ def _hand_made(
     return model
 
 
+@pytest.mark.slow  # reads the module's four training runs
 def test_binary_columns_write_each_probability_and_the_names_at_the_threshold(
     task_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -532,6 +534,7 @@ def test_binary_columns_write_each_probability_and_the_names_at_the_threshold(
                                   for cell in (n, f"{p:.3f}")]  # fmt: skip
 
 
+@pytest.mark.slow  # reads the module's four training runs
 def test_multilabel_writes_the_labels_at_the_threshold_highest_first(
     task_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -559,6 +562,7 @@ def test_multilabel_writes_the_labels_at_the_threshold_highest_first(
     assert len(counts) > 1  # rows of different label counts: the test says something
 
 
+@pytest.mark.slow  # reads the module's four training runs
 def test_regression_writes_the_values_from_csv_and_npy_rows(
     task_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -584,6 +588,7 @@ def test_regression_writes_the_values_from_csv_and_npy_rows(
         assert [float(v) for v in line[1:]] == pytest.approx(values, rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.slow  # reads the module's four training runs
 def test_a_lone_unnamed_value_is_written_as_value(
     task_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -599,6 +604,7 @@ def test_a_lone_unnamed_value_is_written_as_value(
     assert [float(row[1]) for row in rows[1:]] == pytest.approx(expected, abs=1e-6)
 
 
+@pytest.mark.slow  # reads the module's four training runs
 def test_custom_writes_what_its_predict_gives(
     task_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -654,6 +660,7 @@ def test_a_classification_run_takes_tensor_files_too(
     assert len(_lines(out)) == 2 and not out.startswith("accuracy")
 
 
+@pytest.mark.slow  # reads the module's four training runs
 def test_tensor_file_errors(
     task_runs: dict[str, Path], run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -691,6 +698,7 @@ def test_tensor_file_errors(
     )
 
 
+@pytest.mark.slow  # reads the module's four training runs
 def test_a_folder_of_tensor_files_is_searched(
     task_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
