@@ -66,18 +66,19 @@ DURATIONS = Path(__file__).with_name("durations.json")
 SHARED_UNIT = "tests/session_runs"
 
 
-def _unit(path: Path) -> str:
-    return SHARED_UNIT if path.name in SHARED_RUNS else path.name
+def _unit(file: str) -> str:
+    """The work unit of a test file (a path): the file itself, or the shared runs' unit."""
+    return SHARED_UNIT if Path(file).name in SHARED_RUNS else file
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     unit_seconds: dict[str, float] = {}
     for path in {item.path for item in items}:
-        unit = _unit(path)
+        unit = _unit(str(path))
         unit_seconds[unit] = unit_seconds.get(unit, 0.0) + seconds.get(path.name, float("inf"))
     # stable: a unit's files stay together, each file's tests in their order
-    items.sort(key=lambda item: (-unit_seconds[_unit(item.path)], _unit(item.path)))
+    items.sort(key=lambda item: (-unit_seconds[_unit(str(item.path))], _unit(str(item.path))))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
@@ -88,8 +89,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
     class SharedRunsTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            file = super()._split_scope(nodeid)
-            return SHARED_UNIT if Path(file).name in SHARED_RUNS else file
+            return _unit(super()._split_scope(nodeid))
 
     return SharedRunsTogether(config, log)
 

@@ -83,7 +83,7 @@ def test_a_sweep_is_one_mlflow_parent_run_with_a_child_run_per_job(session_sweep
     for child in children:
         job = folder / child.info.run_name.split()[0]
         config = OmegaConf.load(job / ".hydra" / "config.yaml")
-        strategy = child.info.run_name.split("strategy=")[1]
+        strategy = STRATEGIES[int(job.name)]
         world_size = "1" if strategy == "single" else "2"
         params = child.data.params
         assert params["optimizer.lr"] == str(config.optimizer.lr)
