@@ -36,5 +36,10 @@ fi
 # shellcheck disable=SC2086  # the spec is a list of requirements
 "${install[@]}" $torch_spec || "${pip[@]}" $torch_spec
 "${install[@]}" -e ".[dev,docs,mlflow,wandb]" || "${pip[@]}" -e ".[dev,docs,mlflow,wandb]"
+# dpt is installed editable: its modules are imported from this checkout, and so are the tests'
+# helpers and examples. Their .pyc files are written once here, as an install writes a package's:
+# where PYTHONDONTWRITEBYTECODE is set no process writes them, and every process (a run, its
+# ranks' fork server, a test worker) would compile what it imports of them anew.
+.venv/bin/python -m compileall -q -j 0 dpt tests benchmarks scripts examples hydra_plugins >/dev/null
 decoder=$(.venv/bin/python -c "from dpt.data.crop_decode import BOX_DECODER; print(BOX_DECODER)")
 echo "dpt installed in $(pwd)/.venv (JPEG box decoder built: $decoder)"

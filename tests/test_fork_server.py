@@ -16,15 +16,16 @@ import pytest
 from dpt.launch import fork_server
 from tests.helpers import REPO
 
-# In a fresh interpreter: start the server (or keep it, if the environment is the same), then
-# one process from it, as the elastic agent starts a rank. Returns what the rank put on its
-# queue, its exit code, and whether this process had imported torch when the server had started.
+# In a fresh interpreter: start the server (or keep it, if the environment and its imports are
+# the same), then one process from it, as the elastic agent starts a rank. Returns what the rank
+# put on its queue, its exit code, and whether this process had imported torch when the server
+# had started.
 LAUNCH_ONE = """
 import json, multiprocessing, os, sys
 
-def launch_one(rank):
+def launch_one(rank, own_metrics=True):
     from dpt.launch import fork_server
-    fork_server.start()
+    fork_server.start(own_metrics)
     launcher_torch = "torch" in sys.modules
     context = multiprocessing.get_context(fork_server.START_METHOD)
     queue = context.Queue()
@@ -42,8 +43,13 @@ PROBE = (
 def rank(queue):
     queue.put({
         "preloaded": [
-            m for m in ("torch", "torch._dynamo", "dpt.launch.worker") if m in sys.modules
+            m for m in ("torch", "torch._dynamo", "dpt.launch.worker",
+                        "torch.distributed.checkpoint", "torchmetrics")
+            if m in sys.modules
         ],
+        # what torchmetrics is imported without for dpt's own metrics
+        "hidden": [m for m in ("transformers", "scipy", "torchvision", "matplotlib")
+                   if m in sys.modules],
         "gloo": os.environ.get("GLOO_SOCKET_IFNAME"),
         "parent": os.getppid(),
     })
@@ -75,7 +81,9 @@ def _run_probe(tmp_path: Path, script: str, drop: Callable[[str], bool]) -> Any:
 @pytest.mark.timeout(180)
 def test_a_rank_forks_from_the_server_with_torch_and_dpt_imported(tmp_path: Path) -> None:
     found = _run_probe(tmp_path, PROBE, drop=lambda name: name.endswith("SOCKET_IFNAME"))
-    assert found["preloaded"] == ["torch", "torch._dynamo", "dpt.launch.worker"]
+    preloaded = ["torch", "torch._dynamo", "dpt.launch.worker", "torch.distributed.checkpoint"]
+    assert found["preloaded"] == [*preloaded, "torchmetrics"]
+    assert found["hidden"] == []
     assert not found["launcher_torch"]  # the launcher's own torch import comes after the start
     assert found["parent"] != found["launcher"]  # forked by the server
     assert found["gloo"] == "lo"  # ranks' collectives on loopback ...
@@ -89,17 +97,18 @@ def test_a_chosen_interface_is_left_to_the_ranks(monkeypatch: pytest.MonkeyPatch
     assert fork_server.collectives_on_loopback() == {"NCCL_SOCKET_IFNAME": "lo"}
 
 
-# Two launches from one process, as two jobs of a sweep: the second sets a variable of its own.
+# Launches from one process, as jobs of a sweep: the third sets a variable of its own, the fourth
+# runs a task of the user's (its metrics may be any: the server imports no torchmetrics).
 ENV_PROBE = (
     LAUNCH_ONE
     + """
 from multiprocessing import forkserver
 
 def rank(queue):
-    queue.put(os.environ.get("DPT_PROBE_VARIABLE"))
+    queue.put([os.environ.get("DPT_PROBE_VARIABLE"), "torchmetrics" in sys.modules])
 
-def launch():
-    seen = launch_one(rank)[0]
+def launch(own_metrics=True):
+    seen = launch_one(rank, own_metrics)[0]
     return forkserver._forkserver._forkserver_pid, seen
 
 if __name__ == "__main__":
@@ -107,7 +116,8 @@ if __name__ == "__main__":
     again = launch()
     os.environ["DPT_PROBE_VARIABLE"] = "job 2"
     changed = launch()
-    print(json.dumps([first, again, changed]))
+    custom = launch(own_metrics=False)
+    print(json.dumps([first, again, changed, custom]))
 """
 )
 
@@ -115,8 +125,11 @@ if __name__ == "__main__":
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_ranks_see_the_environment_of_their_launch(tmp_path: Path) -> None:
-    first, again, changed = _run_probe(tmp_path, ENV_PROBE, drop="DPT_PROBE_VARIABLE".__eq__)
+    probed = _run_probe(tmp_path, ENV_PROBE, drop="DPT_PROBE_VARIABLE".__eq__)
+    first, again, changed, custom = probed
     assert first == again  # the same server, nothing changed
-    assert first[1] is None
+    assert first[1] == [None, True]
     assert changed[0] != first[0]  # a new server ...
-    assert changed[1] == "job 2"  # ... whose ranks see the variable
+    assert changed[1] == ["job 2", True]  # ... whose ranks see the variable
+    assert custom[0] != changed[0]  # a new server, without torchmetrics
+    assert custom[1] == ["job 2", False]

@@ -8,10 +8,11 @@ process imports torch, so the two imports overlap; a restarted round (`launcher.
 and the next job of a multirun fork from the same server.
 
 The server never touches a GPU: each rank initialises CUDA after the fork, as under `spawn`.
-Ranks inherit the server's environment (plus the per-rank variables the elastic agent passes),
-so the server is started anew when the environment changed since it started (e.g. the next job
-of a sweep sets other `hydra.job.env_set` variables): ranks see the environment the launcher had
-when it launched them, as under `spawn`.
+Ranks inherit the server's environment (plus the per-rank variables the elastic agent passes)
+and modules, so the server is started anew when the environment or what it imports changed since
+it started (e.g. the next job of a sweep sets other `hydra.job.env_set` variables, or its task
+is your own): ranks see the environment the launcher had when it launched them, as under
+`spawn`.
 """
 
 from __future__ import annotations
@@ -30,26 +31,36 @@ START_METHOD = "forkserver"
 # process_exit first: the server ends with its launcher (and its ranks with it), and leaves
 # without finalization (dpt/launch/parent_death.py, process_exit.py). Then what every rank
 # imports before its first step: dpt's worker (torch, dpt's parts, Hydra's instantiate) and
-# torch._dynamo, which the optimizer's constructor imports.
-PRELOAD = ("dpt.launch.process_exit", "dpt.launch.worker", "torch._dynamo")
+# torch._dynamo, which the optimizer's constructor imports; then torch.distributed.checkpoint
+# (with DTensor and torch's elastic agent), which every rank imports at its first checkpoint.
+PRELOAD = (
+    "dpt.launch.process_exit",
+    "dpt.launch.worker",
+    "torch._dynamo",
+    "torch.distributed.checkpoint",
+)
+# After PRELOAD, for a run whose metrics are dpt's own: torchmetrics as such a run imports it
+# (dpt/tasks/metrics_import.py), once here in place of once per rank at the first validation. A
+# task of yours may name any metric: its ranks import torchmetrics whole, themselves.
+OWN_METRICS = "dpt.tasks.own_metrics"
 
 
-# The environment the running server was started with (its ranks' environment).
-_started_with: dict[str, str] | None = None
+# The environment and the imports of the running server (its ranks' environment and modules).
+_started_with: tuple[dict[str, str], list[str]] | None = None
 
 
-def start() -> None:
-    """Start the server now, importing PRELOAD while this process goes on; a no-op while it runs
-    with this process's environment."""
+def start(own_metrics: bool = False) -> None:
+    """Start the server now, importing PRELOAD (and OWN_METRICS where `own_metrics`) while this
+    process goes on; a no-op while it runs with this process's environment and those imports."""
     global _started_with
     extra = {**collectives_on_loopback(), LAUNCHER_PID: str(os.getpid())}
-    environ = {**os.environ, **extra}
-    if _started_with is not None and environ != _started_with:
+    started = ({**os.environ, **extra}, [*PRELOAD, *([OWN_METRICS] if own_metrics else [])])
+    if _started_with is not None and started != _started_with:
         multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
-    multiprocessing.get_context(START_METHOD).set_forkserver_preload(list(PRELOAD))
+    multiprocessing.get_context(START_METHOD).set_forkserver_preload(started[1])
     with _environ(extra):
         multiprocessing.forkserver.ensure_running()
-    _started_with = environ
+    _started_with = started
 
 
 def collectives_on_loopback() -> dict[str, str]:

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpt.config.store import cpu_cores
 from dpt.config.strategies import is_distributed
+from dpt.config.tasks import CUSTOM, task_kind
 from dpt.errors import DptError
 from dpt.launch import job_place
 from dpt.launch.environ import restored_environ
@@ -52,7 +53,8 @@ class LocalLauncher:
             return run_worker(resolved(cfg), run_dir)
         from dpt.launch import fork_server  # here: a single process needs none of it
 
-        fork_server.start()  # the ranks' imports, beside this process's own (torch, below)
+        own_metrics = task_kind(cfg.task) != CUSTOM  # a task of yours may name any metric
+        fork_server.start(own_metrics)  # the ranks' imports, beside this process's (torch, below)
         nproc = self.processes(cfg.trainer.device)
         name = get_class(cfg.strategy._target_).name
         log.info(f"starting {nproc} {name} workers through torch.distributed's elastic launcher")
@@ -65,6 +67,7 @@ class LocalLauncher:
             self.max_restarts,
             cfg.trainer.timeout_s,
             job_place.place(run_dir),
+            own_metrics,
         )
 
     def processes(self, device: str) -> int:

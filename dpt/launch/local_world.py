@@ -33,9 +33,11 @@ def launch_local_world(
     max_restarts: int,
     timeout_s: float,
     tb: TbPlace | None = None,
+    own_metrics: bool = False,
 ) -> dict[str, Any]:
     """One single-node world through torchrun's engine; returns rank 0's summary. `tb`: where
-    the ranks' TensorBoard folders go (dpt.launch.job_place, made where Hydra runs the job)."""
+    the ranks' TensorBoard folders go (dpt.launch.job_place, made where Hydra runs the job);
+    `own_metrics`: the task's metrics are dpt's own (the fork server imports torchmetrics)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -54,7 +56,7 @@ def launch_local_world(
     )
     with restored_environ(), stdlib_start_method(), quiet_elastic_logs():
         # Started by LocalLauncher already, unless called directly or the environment changed
-        fork_server.start()
+        fork_server.start(own_metrics)
         # Each round's rank 0 hosts a fresh store. Sharing the rendezvous store, a restarted
         # round (launcher.max_restarts) could read the previous round's Gloo addresses and fail
         # with "Connection refused" (torch assumes a new store per retry; this one outlives it).
