@@ -7,6 +7,7 @@ import csv
 import ipaddress
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -280,11 +281,27 @@ def _proc_net_address(hex_address: str) -> str:
     return str(mapped or address)
 
 
+# Where free_port picks: below the kernel's ephemeral range, from which every outgoing connection
+# (a Gloo rank's, an MLflow client's, the other pytest worker's) takes its local port. A port
+# picked there is free when picked, but may be an outgoing connection's by the time a rank binds
+# it ("cannot listen on 127.0.0.1:33031: Address already in use", once in a suite run).
+_PICKED_PORTS = (20000, 32768)
+
+
 def free_port() -> int:
-    """A port free on 127.0.0.1 now (for commands that must be told one)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 now (for commands that must be told one), which no outgoing
+    connection will take before it is bound."""
+    low, high = _PICKED_PORTS
+    with contextlib.suppress(OSError, ValueError):
+        first = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]
+        high = min(high, int(first))
+    picker = random.SystemRandom()  # not the tests' seeded generators
+    for _ in range(100):
+        port = picker.randrange(low, high) if low < high else 0
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return s.getsockname()[1]
+    raise AssertionError(f"no free port on 127.0.0.1 in {low}..{high}")
 
 
 def summary(sweep: Path) -> list[dict[str, str]]:
