@@ -1,5 +1,5 @@
 """dpt's own metrics import torchmetrics without transformers, scipy, torchvision and matplotlib
-(1.5 to 4 s a process, paid only where a run imports one of them itself); a task of yours gets
+(2 to 6 s a process, paid only where a run imports one of them itself); a task of yours gets
 torchmetrics whole. Fresh interpreters: what a run's process imports."""
 
 from __future__ import annotations
