@@ -354,6 +354,25 @@ def one_thread() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def collector_as_found() -> Iterator[None]:
+    """Python's garbage collector after the block as before it, for runs hosted by a process
+    that hosts many (a pytest worker, a resident rank). A run freezes what its start-up made
+    (dpt/loop/collector.py), and where an earlier run had frozen, first unfreezes and collects
+    the whole process, as a sweep's next job does to free the last one's objects: here 0.2 to
+    0.4 s of a core for every run after the first (a million objects). The block's freeze is
+    undone, not collected: the next run starts as in a fresh process, and what the block left
+    is freed by the collector's own passes."""
+    import gc
+
+    frozen = gc.get_freeze_count()
+    try:
+        yield
+    finally:
+        if not frozen:
+            gc.unfreeze()
+
+
+@contextlib.contextmanager
 def joined_world(rank: int, world: int, port: int) -> Iterator[Any]:
     """This process as rank `rank` of a CPU world on 127.0.0.1:`port` (for mp.spawn tests).
 
@@ -602,7 +621,7 @@ def world_rank_runs(rank: int, world: int, runs: list[WorldRun]) -> None:
         os.environ["MASTER_PORT"] = str(port)
         console = run.out.parent / f"{run.out.name}.rank{rank}"
         with open(console, "w") as kept, contextlib.redirect_stdout(_Tee(kept, sys.stdout)), \
-                loader_workers_ended():  # fmt: skip
+                loader_workers_ended(), collector_as_found():  # fmt: skip
             run_worker(run.cfg, str(run.run_dir))
         (run.out.parent / f"{run.out.name}.done{rank}").touch()
         done = [run.out.parent / f"{run.out.name}.done{r}" for r in range(world)]
@@ -623,7 +642,8 @@ def train_rank(env: Any, run_dir: Path, *overrides: str) -> dict[str, Any]:
     if env.is_main:
         (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
-    return train(cfg, env, run_dir)
+    with collector_as_found():
+        return train(cfg, env, run_dir)
 
 
 def run_here(run_dir: Path, *overrides: str) -> tuple[dict[str, Any], str]:
@@ -636,7 +656,7 @@ def run_here(run_dir: Path, *overrides: str) -> tuple[dict[str, Any], str]:
 
     kept = io.StringIO()
     with dpt_logger_kept(), one_thread(), contextlib.redirect_stdout(_Tee(kept, sys.stdout)), \
-            loader_workers_ended():  # fmt: skip
+            loader_workers_ended(), collector_as_found():  # fmt: skip
         summary = run_worker(resolved(compose(*overrides)), str(run_dir))
     return summary, kept.getvalue()
 
@@ -644,28 +664,31 @@ def run_here(run_dir: Path, *overrides: str) -> tuple[dict[str, Any], str]:
 @contextlib.contextmanager
 def loader_workers_ended() -> Iterator[None]:
     """The loader workers the block's runs started end with the block, as they do when a rank's
-    process ends. Left to the garbage collector (the next run's: dpt.launch.collector), the
-    shutdown of each persistent worker, run from a finalizer, waits out torch's status interval
-    (5 s): 20 s for 2 loaders of 2 workers. Shut down outside a collection, it takes
-    milliseconds. Loaders that were running before the block are left alone."""
-    before = {id(found) for found in _loader_iterators()}
+    process ends. Left to the garbage collector, the shutdown of each persistent worker, run
+    from a finalizer, waits out torch's status interval (5 s): 20 s for 2 loaders of 2 workers.
+    Shut down outside a collection, it takes milliseconds. The block's iterators are noted as
+    they start (torch's class wrapped for the block), not searched for among the process's
+    objects (`gc.get_objects`: 0.25 s in a pytest worker, twice a run); loaders that were
+    running before the block are left alone."""
+    import weakref
+
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter as LoaderIter
+
+    started: list[weakref.ref[Any]] = []
+    init = LoaderIter.__init__
+
+    def noted(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        started.append(weakref.ref(self))
+
+    LoaderIter.__init__ = noted  # type: ignore[method-assign]
     try:
         yield
     finally:
-        for found in _loader_iterators():
-            if id(found) not in before:
+        LoaderIter.__init__ = init  # type: ignore[method-assign]
+        for ref in started:
+            if (found := ref()) is not None:
                 found._shutdown_workers()
-
-
-def _loader_iterators() -> list[Any]:
-    """The DataLoader iterators with worker processes that this process holds (or left)."""
-    import gc
-
-    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
-
-    # type(), not isinstance: an object's own __class__ may warn (torch.distributed.reduce_op).
-    return [found for found in gc.get_objects()
-            if issubclass(type(found), _MultiProcessingDataLoaderIter)]  # fmt: skip
 
 
 # --- `python train.py ARGS` in this process ------------------------------------------------------
@@ -844,7 +867,8 @@ def process_state_kept(user_code: tuple[Path, ...] = ()) -> Iterator[None]:
     own modules: dropped, so that the next command imports its own), the loggers that were there
     (handlers, level, propagation; handlers added are closed), the signal handlers, torch's CPU
     threads, the random generators (Python's, NumPy's, torch's: a data set built to check a task
-    seeds them), Hydra's run and job state and its config store. Fails if the block left threads
+    seeds them), Hydra's run and job state and its config store, the garbage collector's freeze
+    (`collector_as_found`). Fails if the block left threads
     or child processes running, or a run folder locked."""
     import random
 
@@ -870,7 +894,8 @@ def process_state_kept(user_code: tuple[Path, ...] = ()) -> Iterator[None]:
     store = _tree_copy(ConfigStore.instance().repo)
     threads, children, locks = set(threading.enumerate()), _children(), run_lock.held()
     try:
-        yield
+        with collector_as_found():
+            yield
     finally:
         os.chdir(cwd)
         sys.argv[:] = argv

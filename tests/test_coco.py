@@ -23,6 +23,7 @@ from dpt.targets import Targets
 from scripts.make_coco_fixture import make_fixture
 from tests.helpers import (
     build_trainer,
+    collector_as_found,
     compose,
     dpt_logger_kept,
     free_port,
@@ -406,7 +407,8 @@ def multilabel_runs(
     fsdp = [*common, "strategy=fsdp", "strategy.sync_batchnorm=true", "trainer.batch_size=4"]
     spawn(_multilabel_rank, 2, free_port(), runs["fsdp"], fsdp, nprocs=2)
     cfg = compose(*common, "strategy=single", "trainer.batch_size=8")
-    with dpt_logger_kept(), one_thread():  # each rank's arithmetic: one thread
+    # each rank's arithmetic: one thread
+    with dpt_logger_kept(), one_thread(), collector_as_found():
         run_worker(OmegaConf.to_container(cfg, resolve=True), str(runs["single"]))
     with dpt_logger_kept():
         init = build_trainer(

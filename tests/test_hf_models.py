@@ -21,6 +21,7 @@ from dpt.launch.worker import run_worker
 from tests import hf_folders
 from tests.helpers import (
     build_trainer,
+    collector_as_found,
     compose,
     dpt_logger_kept,
     free_port,
@@ -90,7 +91,7 @@ def _single(run_dir: Path, overrides: list[str]) -> dict:
     cfg = resolved(compose(*overrides))
     (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(cfg), run_dir / ".hydra" / "config.yaml")
-    with dpt_logger_kept(), one_thread():
+    with dpt_logger_kept(), one_thread(), collector_as_found():
         return run_worker(cfg, str(run_dir))
 
 

@@ -20,6 +20,7 @@ from dpt.launch.worker import run_worker
 from dpt.state.stateful import full_state_dict
 from tests.helpers import (
     build_trainer,
+    collector_as_found,
     compose,
     dpt_logger_kept,
     free_port,
@@ -89,7 +90,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _single(run_dir: Path, *overrides: str) -> dict:
-    with dpt_logger_kept(), one_thread():
+    with dpt_logger_kept(), one_thread(), collector_as_found():
         return run_worker(resolved(compose(*TINY, *_batch(1), *overrides)), str(run_dir))
 
 

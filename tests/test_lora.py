@@ -327,7 +327,7 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from omegaconf import OmegaConf
 
     from dpt.launch.launchers import resolved, run_worker
-    from tests.helpers import compose, dpt_logger_kept, one_thread
+    from tests.helpers import collector_as_found, compose, dpt_logger_kept, one_thread
 
     out = tmp_path_factory.mktemp("lora_run")
     (out / "sums.txt").write_text(hf_folders.SUMS)
@@ -339,7 +339,7 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                            f"model.init_from={out / 'base.pt'}"))  # fmt: skip
     (run_dir / ".hydra").mkdir(parents=True)
     OmegaConf.save(OmegaConf.create(cfg), run_dir / ".hydra" / "config.yaml")
-    with dpt_logger_kept(), one_thread():
+    with dpt_logger_kept(), one_thread(), collector_as_found():
         run_worker(cfg, str(run_dir))
     return {"run": run_dir, "base": out / "base.pt"}
 

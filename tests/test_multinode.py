@@ -164,8 +164,10 @@ def test_a_lost_node_and_the_survivor_finishes_at_half_the_world(tmp_path: Path)
         return [*TORCHRUN, "--nnodes=1:2", "--nproc_per_node=1", "--max-restarts=1",
                 "--rdzv_backend=c10d", *rdzv,
                 # is_host: the survivor keeps the rendezvous (c10d's store lives on its host);
-                # last_call_timeout: how long a round waits for a second node once one is in.
-                f"--rdzv_conf=is_host={int(host)},last_call_timeout=3",
+                # last_call_timeout: how long a round waits for a second node once one is in;
+                # keep_alive_interval: a node beats every second, and one silent for 3 beats is
+                # dropped from the next round (torch's default, 5 s, waits 15 s for the lost one).
+                f"--rdzv_conf=is_host={int(host)},last_call_timeout=3,keep_alive_interval=1",
                 str(TRAIN), "launcher=torchrun", *ELASTIC, f"hydra.run.dir={run_dir}"]  # fmt: skip
 
     lost = start(node(host=False), ENV)

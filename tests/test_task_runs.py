@@ -26,6 +26,7 @@ from dpt.state.stateful import full_state_dict
 from tests.helpers import (
     REPO,
     build_trainer,
+    collector_as_found,
     compose,
     dpt_logger_kept,
     free_port,
@@ -103,7 +104,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory, example_on_path: None) -
 
 def _run(run_dir: Path, *overrides: str) -> dict[str, Any]:
     """One process's run, as `train.py` runs it (without Hydra's folder files)."""
-    with dpt_logger_kept(), one_thread():
+    with dpt_logger_kept(), one_thread(), collector_as_found():
         return run_worker(resolved(compose(*CONF, *overrides)), str(run_dir))
 
 

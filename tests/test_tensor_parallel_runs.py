@@ -37,9 +37,10 @@ from tests.helpers import (
     train_rank,
 )
 
-STEPS, GLOBAL_BATCH = 10, 16
+# Steps of a run; a checkpoint every EVERY: the stopped run's newest is at STEPS.
+STEPS, EVERY, GLOBAL_BATCH = 6, 3, 16
 SGD = ["optimizer=sgd", "optimizer.lr=0.05", "optimizer.momentum=0",
-       "trainer.log_every_n_steps=5"]  # fmt: skip
+       "trainer.log_every_n_steps=3"]  # fmt: skip
 LINES = "".join(f"{a}+{b}={a + b}\n" for a in range(40) for b in range(40))
 OFF = ["checkpoint.enabled=false"]
 CLIP = ["trainer.grad_clip_norm=0.3"]
@@ -79,7 +80,7 @@ def _world_runs(out: Path, world: int) -> dict[str, list[str]]:
                 batch(GLOBAL_BATCH),
             ],
             # stopped by max_steps (STEPS) with a checkpoint: what the resumed runs start from
-            "stopped": [*fsdp_tp(out), "checkpoint.every_n_steps=5"],
+            "stopped": [*fsdp_tp(out), f"checkpoint.every_n_steps={EVERY}"],
         }
     ddp = ["strategy=ddp", *TP2, batch(GLOBAL_BATCH)]
     return {
@@ -97,9 +98,9 @@ def fsdp_tp(out: Path) -> list[str]:
 
 
 def resumed(out: Path) -> list[str]:
-    """The stopped run's config, 5 steps past its newest checkpoint (`end`)."""
+    """The stopped run's config, EVERY steps past its newest checkpoint (`end`)."""
     return [*gpt(out), *CLIP, f"trainer.max_steps={(out / 'end').read_text()}",
-            "checkpoint.every_n_steps=5", "checkpoint.strict=true"]  # fmt: skip
+            f"checkpoint.every_n_steps={EVERY}", "checkpoint.strict=true"]  # fmt: skip
 
 
 def _resume_the_stopped_run(out: Path) -> None:
@@ -107,7 +108,7 @@ def _resume_the_stopped_run(out: Path) -> None:
     part of this: tests/test_faults.py kills ranks)."""
     newest = int(committed_checkpoints(out / "stopped")[-1].name.removeprefix("step-"))
     assert newest == STEPS
-    (out / "end").write_text(str(newest + 5))
+    (out / "end").write_text(str(newest + EVERY))
     for name in ("resumed-on-tp2", "resumed-on-1"):
         shutil.copytree(out / "stopped", out / name)
 
@@ -182,9 +183,9 @@ def test_bf16_and_recomputation_under_tensor_parallelism(
 def test_stopped_under_fsdp_and_tp_resumes_on_other_degrees(
     runs: Path, single: dict[str, Path], resumed: str
 ) -> None:
-    """Stopped after step 10 under fsdp 2 x tp 2 (its checkpoints: DCP's slices of every
+    """Stopped after step STEPS under fsdp 2 x tp 2 (its checkpoints: DCP's slices of every
     tensor), resumed from its newest checkpoint on 2 ranks of tensor parallelism alone, and on
-    one process, to 5 steps past it: the weights of one process that never stopped."""
+    one process, to EVERY steps past it: the weights of one process that never stopped."""
     end = int((runs / "end").read_text())
     assert json.loads((runs / resumed / "metrics.json").read_text())["steps"] == end
     weights = load_weights(runs / resumed)

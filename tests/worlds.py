@@ -167,10 +167,13 @@ def _rank_loop(rank: int, inbox: Any, outbox: Any, console: str) -> None:
     os.dup2(log, 1)  # the ranks' console in the world's file, not in a test's captured output
     os.dup2(log, 2)
     parent = os.getppid()
+    from tests.helpers import collector_as_found  # in the rank: helpers imports this module
+
     while (task := _next_task(inbox, parent)) is not None:
         fn, args = task
         try:
-            fn(rank, *args)
+            with collector_as_found():  # each call's runs start as in a fresh process
+                fn(rank, *args)
             outbox.put((rank, None))
         except BaseException:  # SystemExit too: reported, and the rank stays
             outbox.put((rank, traceback.format_exc()))
