@@ -28,14 +28,9 @@ if "${pip[@]}" "uv>=0.5,<1" >/dev/null 2>&1; then
   mapfile -t uv_args < <(.venv/bin/python scripts/uv_pip_args.py)
   export SSL_CERT_FILE=${SSL_CERT_FILE:-${PIP_CERT:-}}  # pip's certificates for a mirror
   [ -n "$SSL_CERT_FILE" ] || unset SSL_CERT_FILE
-  # --compile-bytecode (the .pyc files pip writes at install) where PYTHONDONTWRITEBYTECODE is
-  # set: no process would write them later, and each would compile torch's modules anew.
-  # Elsewhere Python writes a module's .pyc at its first import; compiling every installed file
-  # up front (torch, transformers, MLflow: about a minute of 2 cores) compiles thousands that
-  # no run imports.
-  bytecode=()
-  [ -z "${PYTHONDONTWRITEBYTECODE:-}" ] || bytecode=(--compile-bytecode)
-  install=(.venv/bin/uv pip install --quiet "${bytecode[@]}" --python .venv/bin/python
+  # --compile-bytecode: the .pyc files pip writes at install; where PYTHONDONTWRITEBYTECODE is
+  # set, no process would write them later, and each would compile torch's modules anew.
+  install=(.venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python
     "${uv_args[@]}")
 fi
 # shellcheck disable=SC2086  # the spec is a list of requirements

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from dpt.commands import export, generate
 from dpt.launch.launchers import resolved
 from dpt.launch.worker import run_worker
+from dpt.state.results import HF_CONFIG_FILE
 from tests import hf_folders
 from tests.helpers import (
     build_trainer,
@@ -114,6 +115,11 @@ def test_a_llama_folder_trains_under_every_strategy_as_one_process(
     assert "model.layers.0.self_attn.q_proj.weight" in one  # transformers' own names
     summary = json.loads((runs[strategy] / "metrics.json").read_text())
     assert summary["steps"] == STEPS and summary["samples"] == STEPS * GLOBAL_BATCH
+    # The folder's config kept in the run by every strategy: dpt-export and dpt-generate rebuild
+    # the model from it once the folder has moved (a ddp run wrote none).
+    kept = json.loads((runs[strategy] / HF_CONFIG_FILE).read_text())
+    assert kept == json.loads((runs["single"] / HF_CONFIG_FILE).read_text())
+    assert kept["model_type"] == "llama"
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ from dpt.loop.evaluate import Validation
 from dpt.loop.param_groups import check_groups, param_groups
 from dpt.loop.precision import Precision
 from dpt.loop.strategy import Strategy
-from dpt.models import build_model, hf, token_flops
+from dpt.models import build_model, hf, token_flops, unwrap
 from dpt.models.lora import init_lora
 from dpt.models.meta import output_shape
 from dpt.models.weights import fit_state, fitting
@@ -193,7 +193,7 @@ def build_parts(
         best_model=BestModel(t.early_stopping.metric, t.early_stopping.mode,
                              cfg.checkpoint.save_best, run_dir, env),
         run_data=run_data(data, task),
-        run_files=run_files(data, model),
+        run_files=run_files(data, unwrap(model)),  # DDP's or compile's wrapper: the model in it
         total_steps=total_steps,
         global_batch=loaders.global_batch(t.grad_accum_steps),
         checkpoints=Checkpoints(run_dir, env, cfg.checkpoint.keep, cfg.yaml),
