@@ -21,6 +21,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # of dpt's business), each importing mlflow: 25 s of a core per server here. The servers the tests
 # start (tests/trackers_read.py, the tracking guide's `mlflow ui`) run without them.
 os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+# And `mlflow ui` / `mlflow server` serve with 4 uvicorn workers by default, each importing
+# mlflow (5 s of a core each): one serves a test's few requests.
+os.environ.setdefault("MLFLOW_WORKERS", "1")
 
 from tests import netns, worlds
 from tests.helpers import dpt_logger_kept

@@ -635,10 +635,14 @@ def train_rank(env: Any, run_dir: Path, *overrides: str) -> dict[str, Any]:
     dpt-generate and dpt-export build the model from it."""
     from omegaconf import OmegaConf
 
+    from dpt.distributed import broadcast_object
     from dpt.launch.launchers import resolved
     from dpt.loop.train import train
 
-    cfg = OmegaConf.create(resolved(compose(*overrides)))
+    # Composed once, by rank 0, as the launcher composes a run's config once for its ranks
+    # (Hydra's composition: 0.2-0.3 s of a core, which every other rank would pay again).
+    composed = resolved(compose(*overrides)) if env.is_main else None
+    cfg = OmegaConf.create(broadcast_object(composed, env))
     if env.is_main:
         (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
@@ -652,13 +656,30 @@ def run_here(run_dir: Path, *overrides: str) -> tuple[dict[str, Any], str]:
     without Hydra's `.hydra/` files: the run's summary and its console lines."""
     import io
 
-    from dpt.launch.launchers import resolved, run_worker
+    from dpt.launch.launchers import resolved
 
     kept = io.StringIO()
-    with dpt_logger_kept(), one_thread(), contextlib.redirect_stdout(_Tee(kept, sys.stdout)), \
-            loader_workers_ended(), collector_as_found():  # fmt: skip
-        summary = run_worker(resolved(compose(*overrides)), str(run_dir))
+    with contextlib.redirect_stdout(_Tee(kept, sys.stdout)):
+        summary = run_config_here(resolved(compose(*overrides)), run_dir)
     return summary, kept.getvalue()
+
+
+def run_config_here(
+    cfg: dict[str, Any], run_dir: Path, hydra_config: bool = False
+) -> dict[str, Any]:
+    """A resolved config's one-process run in this process, as `run_here` runs it (one thread,
+    the run's loader workers ended with it, the process left as it was found); returns the
+    run's summary. `hydra_config`: the config also kept where Hydra keeps it
+    (`.hydra/config.yaml`), which dpt-export, dpt-generate and the run's resume read."""
+    from omegaconf import OmegaConf
+
+    from dpt.launch.launchers import run_worker
+
+    if hydra_config:
+        (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(OmegaConf.create(cfg), run_dir / ".hydra" / "config.yaml")
+    with dpt_logger_kept(), one_thread(), loader_workers_ended(), collector_as_found():
+        return run_worker(cfg, str(run_dir))
 
 
 @contextlib.contextmanager

@@ -17,19 +17,18 @@ from dpt.data.coco import CocoClassification, CocoData
 from dpt.data.images import ImageDecodeError, read_image_rgb, train_transform, val_transform
 from dpt.data.loaders import DropUnreadable
 from dpt.distributed import env_from_environment
-from dpt.launch.worker import run_worker
+from dpt.launch.launchers import resolved
 from dpt.loop.train import train
 from dpt.targets import Targets
 from scripts.make_coco_fixture import make_fixture
 from tests.helpers import (
     build_trainer,
-    collector_as_found,
     compose,
     dpt_logger_kept,
     free_port,
     joined_world,
     load_weights,
-    one_thread,
+    run_config_here,
     spawn,
     weight_and_statistics_diff,
 )
@@ -407,9 +406,7 @@ def multilabel_runs(
     fsdp = [*common, "strategy=fsdp", "strategy.sync_batchnorm=true", "trainer.batch_size=4"]
     spawn(_multilabel_rank, 2, free_port(), runs["fsdp"], fsdp, nprocs=2)
     cfg = compose(*common, "strategy=single", "trainer.batch_size=8")
-    # each rank's arithmetic: one thread
-    with dpt_logger_kept(), one_thread(), collector_as_found():
-        run_worker(OmegaConf.to_container(cfg, resolve=True), str(runs["single"]))
+    run_config_here(resolved(cfg), runs["single"])  # one thread: each rank's arithmetic
     with dpt_logger_kept():
         init = build_trainer(
             out / "init", env_from_environment("cpu"), *common, "trainer.batch_size=8"

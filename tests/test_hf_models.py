@@ -13,23 +13,19 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp  # the peak-memory test's own processes
-from omegaconf import OmegaConf
 
 from dpt.commands import export, generate
 from dpt.launch.launchers import resolved
-from dpt.launch.worker import run_worker
 from dpt.state.results import HF_CONFIG_FILE
 from tests import hf_folders
 from tests.helpers import (
     build_trainer,
-    collector_as_found,
     compose,
-    dpt_logger_kept,
     free_port,
     joined_world,
     load_weights,
     max_abs_diff,
-    one_thread,
+    run_config_here,
     spawn,
     train_rank,
 )
@@ -89,11 +85,7 @@ def _ranks(rank: int, world: int, port: int, folders: dict[str, Path]) -> None:
 
 def _single(run_dir: Path, overrides: list[str]) -> dict:
     """One process, as `dpt` runs it, its config kept where Hydra keeps it."""
-    cfg = resolved(compose(*overrides))
-    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.create(cfg), run_dir / ".hydra" / "config.yaml")
-    with dpt_logger_kept(), one_thread(), collector_as_found():
-        return run_worker(cfg, str(run_dir))
+    return run_config_here(resolved(compose(*overrides)), run_dir, hydra_config=True)
 
 
 @pytest.fixture(scope="module")

@@ -16,18 +16,15 @@ import pytest
 import torch
 
 from dpt.launch.launchers import resolved
-from dpt.launch.worker import run_worker
 from dpt.state.stateful import full_state_dict
 from tests.helpers import (
     build_trainer,
-    collector_as_found,
     compose,
-    dpt_logger_kept,
     free_port,
     joined_world,
     load_weights,
     max_abs_diff,
-    one_thread,
+    run_config_here,
     spawn,
     write_shards,
 )
@@ -90,8 +87,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _single(run_dir: Path, *overrides: str) -> dict:
-    with dpt_logger_kept(), one_thread(), collector_as_found():
-        return run_worker(resolved(compose(*TINY, *_batch(1), *overrides)), str(run_dir))
+    return run_config_here(resolved(compose(*TINY, *_batch(1), *overrides)), run_dir)
 
 
 def test_fsdp_per_block_equals_ddp_equals_one_process(runs: Path, tmp_path: Path) -> None:

@@ -324,10 +324,8 @@ def _gpt_of_run() -> GPT:
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from omegaconf import OmegaConf
-
-    from dpt.launch.launchers import resolved, run_worker
-    from tests.helpers import collector_as_found, compose, dpt_logger_kept, one_thread
+    from dpt.launch.launchers import resolved
+    from tests.helpers import compose, run_config_here
 
     out = tmp_path_factory.mktemp("lora_run")
     (out / "sums.txt").write_text(hf_folders.SUMS)
@@ -337,10 +335,7 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     cfg = resolved(compose(*GPT_RUN, f"dataset.root={out / 'sums.txt'}",
                            f"dataset.cache_dir={out / 'cache'}",
                            f"model.init_from={out / 'base.pt'}"))  # fmt: skip
-    (run_dir / ".hydra").mkdir(parents=True)
-    OmegaConf.save(OmegaConf.create(cfg), run_dir / ".hydra" / "config.yaml")
-    with dpt_logger_kept(), one_thread(), collector_as_found():
-        run_worker(cfg, str(run_dir))
+    run_config_here(cfg, run_dir, hydra_config=True)
     return {"run": run_dir, "base": out / "base.pt"}
 
 

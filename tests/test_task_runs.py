@@ -21,19 +21,16 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dpt.launch.launchers import resolved
-from dpt.launch.worker import run_worker
 from dpt.state.stateful import full_state_dict
 from tests.helpers import (
     REPO,
     build_trainer,
-    collector_as_found,
     compose,
-    dpt_logger_kept,
     free_port,
     joined_world,
     load_weights,
     max_abs_diff,
-    one_thread,
+    run_config_here,
     spawn,
     summary,
     train,
@@ -104,8 +101,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory, example_on_path: None) -
 
 def _run(run_dir: Path, *overrides: str) -> dict[str, Any]:
     """One process's run, as `train.py` runs it (without Hydra's folder files)."""
-    with dpt_logger_kept(), one_thread(), collector_as_found():
-        return run_worker(resolved(compose(*CONF, *overrides)), str(run_dir))
+    return run_config_here(resolved(compose(*CONF, *overrides)), run_dir)
 
 
 def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:

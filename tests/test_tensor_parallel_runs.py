@@ -70,7 +70,6 @@ def batch(per_replica: int) -> str:
 def _world_runs(out: Path, world: int) -> dict[str, list[str]]:
     if world == 4:
         return {
-            "gpt-fsdp2-tp2": [*fsdp_tp(out), *OFF],
             "gpt-pp2-tp2": [
                 *gpt(out),
                 *OFF,
@@ -79,8 +78,9 @@ def _world_runs(out: Path, world: int) -> dict[str, list[str]]:
                 *CLIP,
                 batch(GLOBAL_BATCH),
             ],
-            # stopped by max_steps (STEPS) with a checkpoint: what the resumed runs start from
-            "stopped": [*fsdp_tp(out), f"checkpoint.every_n_steps={EVERY}"],
+            # fsdp 2 x tp 2, stopped by max_steps (STEPS) with a checkpoint: checked against
+            # one process (its checkpoints change no weight), and what the resumed runs start from
+            "gpt-fsdp2-tp2": [*fsdp_tp(out), f"checkpoint.every_n_steps={EVERY}"],
         }
     ddp = ["strategy=ddp", *TP2, batch(GLOBAL_BATCH)]
     return {
@@ -106,11 +106,11 @@ def resumed(out: Path) -> list[str]:
 def _resume_the_stopped_run(out: Path) -> None:
     """The fsdp 2 x tp 2 run stopped at step STEPS, copied for the resumed runs (a kill is no
     part of this: tests/test_faults.py kills ranks)."""
-    newest = int(committed_checkpoints(out / "stopped")[-1].name.removeprefix("step-"))
+    newest = int(committed_checkpoints(out / "gpt-fsdp2-tp2")[-1].name.removeprefix("step-"))
     assert newest == STEPS
     (out / "end").write_text(str(newest + EVERY))
     for name in ("resumed-on-tp2", "resumed-on-1"):
-        shutil.copytree(out / "stopped", out / name)
+        shutil.copytree(out / "gpt-fsdp2-tp2", out / name)
 
 
 def _ranks(rank: int, world: int, port: int, out: Path) -> None:
