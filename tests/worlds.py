@@ -5,9 +5,10 @@ A test hands a world a module-level function, `fn(rank, *args)`, which every ran
 `torch.multiprocessing.spawn` would call it), usually a run of `train.py`'s per-rank work inside
 `tests.helpers.joined_world` (a process group of its own per call, on a fresh port). What a
 rank leaves in its process (imports, torch's kernels, the tokenized text's cache in the file
-system) serves the next call: a spawned world pays Python's and torch's start-up on every rank,
-about 3 s of a core each here, once per world instead of once per test. The pattern is PyTorch's
-own `MultiProcContinuousTest`.
+system) serves the next call: a world spawned per test paid Python's and torch's start-up on
+every rank, about 5 s of a core each here. The ranks fork from a server that imported those once
+for the pytest worker (Python's forkserver), and a world starts once per session. The pattern
+is PyTorch's own `MultiProcContinuousTest`.
 
 Rules for a function run in a resident world:
 - It does its work inside `joined_world` (or `helpers.world_rank_runs`), which leaves the process
@@ -41,6 +42,9 @@ from typing import Any
 RESIDENT = "DPT_TEST_RESIDENT_RANK"
 # Where the pytest workers agree that one world of more than 2 ranks runs at a time.
 _LOCK = Path(tempfile.gettempdir()) / "dpt-tests-big-worlds.lock"
+# What every resident rank imports before its first call: the harness (torch, dpt's parts),
+# dpt's rank entry point, torch._dynamo (an optimizer's constructor imports it) and DCP.
+_PRELOAD = ("tests.helpers", "dpt.launch.worker", "torch._dynamo", "torch.distributed.checkpoint")
 # After the first rank's failure, how long the others get to report theirs (a rank waiting in a
 # collective for the failed one never will: the world is then ended).
 _GRACE_S = 10.0
@@ -51,7 +55,7 @@ class WorldFailed(AssertionError):
 
 
 class ResidentWorld:
-    """`size` spawned ranks that each run the functions put on their own queue."""
+    """`size` ranks that each run the functions put on their own queue."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -65,9 +69,13 @@ class ResidentWorld:
         return bool(self._ranks) and all(rank.is_alive() for rank in self._ranks)
 
     def _start(self) -> None:
-        import torch.multiprocessing as mp
+        import multiprocessing
 
-        context = mp.get_context("spawn")
+        # The ranks fork from a server that imported torch, dpt and this harness once for the
+        # pytest worker (Python's forkserver, as dpt's own local ranks start): a spawned rank
+        # imported them itself, about 5 s of a core for each rank of each world.
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(list(_PRELOAD))
         fd, console = tempfile.mkstemp(prefix=f"dpt-world{self.size}-", suffix=".log")
         os.close(fd)
         self._console = Path(console)
@@ -185,7 +193,7 @@ def _rank_loop(rank: int, inbox: Any, outbox: Any, console: str) -> None:
 
 def _next_task(inbox: Any, parent: int) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
     """The next function to run; None when told to leave or when the pytest worker is gone (a
-    rank never outlives its session)."""
+    rank never outlives its session): its parent, the fork server, ends with the worker."""
     while os.getppid() == parent:
         try:
             return inbox.get(timeout=1.0)
