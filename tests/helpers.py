@@ -644,10 +644,20 @@ def train_rank(env: Any, run_dir: Path, *overrides: str) -> dict[str, Any]:
     composed = resolved(compose(*overrides)) if env.is_main else None
     cfg = OmegaConf.create(broadcast_object(composed, env))
     if env.is_main:
-        (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+        keep_config(cfg, run_dir)
     with collector_as_found():
         return train(cfg, env, run_dir)
+
+
+def keep_config(cfg: Any, run_dir: Path) -> None:
+    """A run's config where Hydra keeps it (`.hydra/config.yaml`), where dpt-predict,
+    dpt-generate and dpt-export read it: a run hosted here has no Hydra job to write it."""
+    from omegaconf import OmegaConf
+
+    from dpt.commands.run_model import CONFIG_FILE
+
+    (run_dir / CONFIG_FILE).parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / CONFIG_FILE)
 
 
 def run_here(run_dir: Path, *overrides: str) -> tuple[dict[str, Any], str]:
@@ -676,8 +686,7 @@ def run_config_here(
     from dpt.launch.launchers import run_worker
 
     if hydra_config:
-        (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.create(cfg), run_dir / ".hydra" / "config.yaml")
+        keep_config(OmegaConf.create(cfg), run_dir)
     with dpt_logger_kept(), one_thread(), loader_workers_ended(), collector_as_found():
         return run_worker(cfg, str(run_dir))
 

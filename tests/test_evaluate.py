@@ -24,7 +24,8 @@ from dpt.data.splits import SPLITS, TEST, TRAIN, VAL, missing_split
 from dpt.data.text import TextData
 from dpt.data.text_files import text_files
 from dpt.errors import DptError
-from tests.helpers import REPO, compose, run_here
+from dpt.launch.launchers import resolved
+from tests.helpers import REPO, compose, keep_config, run_config_here
 
 COLOURS = {"blue": (30, 40, 220), "green": (40, 200, 50), "red": (220, 40, 30)}  # sorted names
 PER_CLASS = {TRAIN: 6, VAL: 3, TEST: 4}  # images a class, a split
@@ -66,9 +67,9 @@ def _image_folder(root: Path) -> None:
 
 def _train(run_dir: Path, *overrides: str) -> Path:
     """A run in this process, and its `.hydra/config.yaml` as Hydra would have written it."""
-    run_here(run_dir, *overrides, *COMMON)
-    (run_dir / ".hydra").mkdir(exist_ok=True)
-    OmegaConf.save(compose(*overrides, *COMMON), run_dir / ".hydra" / "config.yaml")
+    cfg = compose(*overrides, *COMMON)  # composed once, for the run and for the file
+    run_config_here(resolved(cfg), run_dir)
+    keep_config(cfg, run_dir)
     return run_dir
 
 

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from dpt.commands.predict import Predictor, main
+from dpt.commands.run_model import CONFIG_FILE
 from dpt.data.images import read_image_rgb, val_transform
 from dpt.models import build_model
 from dpt.state.results import BEST_MODEL, LAST_MODEL, RunData, write_run_data
@@ -22,6 +23,7 @@ from tests.helpers import (
     REPO,
     command_in_process,
     compose,
+    keep_config,
     runs_in_process,
     train_in_process,
 )
@@ -68,8 +70,7 @@ def _write_images(root: Path) -> None:
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     folder = tmp_path_factory.mktemp("run")
     cfg = compose("model=resnet18", "dataset=fake_images", f"dataset.image_size={SIZE}")
-    (folder / ".hydra").mkdir()
-    OmegaConf.save(cfg, folder / ".hydra" / "config.yaml")
+    keep_config(cfg, folder)
     write_run_data(folder, RunData(CLASSES, [3, SIZE, SIZE], TRANSFORM, "text"))
     last, best = _model(cfg, 0), _model(cfg, 1)
     torch.save(last.state_dict(), folder / LAST_MODEL)
@@ -284,8 +285,7 @@ def test_runs_as_a_command(run: Run) -> None:
 # --- errors -------------------------------------------------------------------------------------
 
 
-CONFIG = Path(".hydra") / "config.yaml"
-RUN_FILES = (str(CONFIG), "data.json", LAST_MODEL, BEST_MODEL)
+RUN_FILES = (str(CONFIG_FILE), "data.json", LAST_MODEL, BEST_MODEL)
 
 
 def _copy_run(run: Run, folder: Path, *without: str) -> Path:
@@ -497,12 +497,11 @@ def _hand_made(
 ) -> torch.nn.Module:
     """`source`'s run folder with a model of `outputs` outputs (new random weights), `data` and
     these task keys: another run of the same task without training one."""
-    (folder / ".hydra").mkdir(parents=True)
-    cfg = OmegaConf.load(source / ".hydra" / "config.yaml")
+    cfg = OmegaConf.load(source / CONFIG_FILE)
     cfg.model.output_dim = outputs
     for key, value in task.items():
         cfg.task[key] = value
-    OmegaConf.save(cfg, folder / ".hydra" / "config.yaml")
+    keep_config(cfg, folder)
     write_run_data(folder, data)
     torch.manual_seed(3)
     model = SimpleNet(INPUT_DIM, HIDDEN, outputs).eval()
@@ -628,9 +627,9 @@ def test_a_run_of_before_tasks_is_classification(
 ) -> None:
     """No `task` in its config nor in data.json: a classification run, as before."""
     folder = _copy_run(run, tmp_path / "run", "data.json")
-    cfg = OmegaConf.load(folder / CONFIG)
+    cfg = OmegaConf.load(folder / CONFIG_FILE)
     del cfg["task"]
-    OmegaConf.save(cfg, folder / CONFIG)
+    OmegaConf.save(cfg, folder / CONFIG_FILE)
     old = {"classes": CLASSES, "input_shape": [3, SIZE, SIZE], "val_transform": TRANSFORM,
            "val_transform_text": "text"}  # fmt: skip
     (folder / "data.json").write_text(json.dumps(old))

@@ -42,9 +42,6 @@ from typing import Any
 RESIDENT = "DPT_TEST_RESIDENT_RANK"
 # Where the pytest workers agree that one world of more than 2 ranks runs at a time.
 _LOCK = Path(tempfile.gettempdir()) / "dpt-tests-big-worlds.lock"
-# What every resident rank imports before its first call: the harness (torch, dpt's parts),
-# dpt's rank entry point, torch._dynamo (an optimizer's constructor imports it) and DCP.
-_PRELOAD = ("tests.helpers", "dpt.launch.worker", "torch._dynamo", "torch.distributed.checkpoint")
 # After the first rank's failure, how long the others get to report theirs (a rank waiting in a
 # collective for the failed one never will: the world is then ended).
 _GRACE_S = 10.0
@@ -71,11 +68,13 @@ class ResidentWorld:
     def _start(self) -> None:
         import multiprocessing
 
-        # The ranks fork from a server that imported torch, dpt and this harness once for the
-        # pytest worker (Python's forkserver, as dpt's own local ranks start): a spawned rank
-        # imported them itself, about 5 s of a core for each rank of each world.
+        from dpt.launch.fork_server import RANK_IMPORTS
+
+        # The ranks fork from a server that imported this harness and what every rank of dpt's
+        # imports once for the pytest worker (Python's forkserver, as dpt's own local ranks
+        # start): a spawned rank imported them itself, about 5 s of a core for each rank.
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(list(_PRELOAD))
+        context.set_forkserver_preload(["tests.helpers", *RANK_IMPORTS])
         fd, console = tempfile.mkstemp(prefix=f"dpt-world{self.size}-", suffix=".log")
         os.close(fd)
         self._console = Path(console)

@@ -33,12 +33,8 @@ START_METHOD = "forkserver"
 # imports before its first step: dpt's worker (torch, dpt's parts, Hydra's instantiate) and
 # torch._dynamo, which the optimizer's constructor imports; then torch.distributed.checkpoint
 # (with DTensor and torch's elastic agent), which every rank imports at its first checkpoint.
-PRELOAD = (
-    "dpt.launch.process_exit",
-    "dpt.launch.worker",
-    "torch._dynamo",
-    "torch.distributed.checkpoint",
-)
+RANK_IMPORTS = ("dpt.launch.worker", "torch._dynamo", "torch.distributed.checkpoint")
+PRELOAD = ("dpt.launch.process_exit", *RANK_IMPORTS)
 # After PRELOAD, for a run whose metrics are dpt's own: torchmetrics as such a run imports it
 # (dpt/tasks/metrics_import.py), once here in place of once per rank at the first validation. A
 # task of yours may name any metric: its ranks import torchmetrics whole, themselves.
