@@ -25,7 +25,7 @@ os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
 # mlflow (5 s of a core each): one serves a test's few requests.
 os.environ.setdefault("MLFLOW_WORKERS", "1")
 
-from tests import netns, worlds
+from tests import netns, warm_starts, worlds
 from tests.helpers import dpt_logger_kept
 from tests.session_runs import SHARED_RUNS, mlflow_uri, session_sweep  # noqa: F401
 from tests.slurm_fixture import slurm_cluster  # noqa: F401  (one cluster for the session)
@@ -98,5 +98,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """This worker's resident worlds (tests/worlds.py) end with its session."""
+    """This worker's resident worlds (tests/worlds.py) and warm-start server
+    (tests/warm_starts.py) end with its session."""
     worlds.close_all()
+    warm_starts.close()

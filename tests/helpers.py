@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from tests.warm_starts import WarmProcess, warm_start
 from tests.worlds import in_resident_rank
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +33,9 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 BIN = Path(sys.executable).parent  # the environment's commands: dpt, dpt-predict, ...
 
 # Small and quick: 20 steps of batch 64 on the synthetic task.
+# A process a test started: Popen, or a warm start's stand-in for it (tests/warm_starts.py).
+Process = subprocess.Popen[str] | WarmProcess
+
 FAST = ["dataset.num_samples=2048", "dataset.num_val_samples=256", "trainer.log_every_n_steps=5"]
 
 
@@ -46,14 +50,17 @@ class Result:
         return self.stdout + self.stderr
 
 
-def start(
-    cmd: list[str], env: dict[str, str] | None = None, cwd: Path = REPO
-) -> subprocess.Popen[str]:
-    """In a session of its own, so that everything it starts can be found and killed."""
+def start(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = REPO) -> Process:
+    """In a session of its own, so that everything it starts can be found and killed; `python
+    train.py` forked from a preloaded interpreter where that cannot differ
+    (tests/warm_starts.py)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if (warm := warm_start(cmd, env, cwd)) is not None:
+        return warm
     return subprocess.Popen(
         cmd,
         cwd=cwd,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -131,7 +138,7 @@ def run_until(
     run_dir: Path,
     overrides: list[str],
     marker: str,
-    on_marker: Callable[[subprocess.Popen[str], str], None],
+    on_marker: Callable[[Process, str], None],
     timeout: float = 180,
     env: dict[str, str] | None = None,
 ) -> Result:
@@ -144,7 +151,7 @@ def run_until(
 def cmd_until(
     cmd: list[str],
     marker: str,
-    on_marker: Callable[[subprocess.Popen[str], str], None],
+    on_marker: Callable[[Process, str], None],
     timeout: float = 180,
     env: dict[str, str] | None = None,
     cwd: Path = REPO,

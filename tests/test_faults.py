@@ -23,6 +23,7 @@ from tests.helpers import (
     REPO,
     TORCHRUN,
     TRAIN,
+    Process,
     Result,
     cmd_until,
     committed_checkpoints,
@@ -134,7 +135,7 @@ def test_a_worker_killed_with_sigkill_stops_the_world(tmp_path: Path) -> None:
 def _sigkill_rank_1_at_step_10(run_dir: Path, overrides: list[str]) -> Result:
     """Run until rank 0 logs step 10, then SIGKILL rank 1 (its pid from its start line)."""
 
-    def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
+    def kill_rank_1(proc: Process, line: str) -> None:
         os.kill(rank_pid(run_dir, 1), signal.SIGKILL)
 
     return run_until(run_dir, overrides, "[rank 0] epoch 1 | step 10/", kill_rank_1)
@@ -168,7 +169,7 @@ def test_torchrun_restarts_continue_one_run_folder_from_its_checkpoint(
     cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=2", str(TRAIN),
            "launcher=torchrun", *overrides]  # fmt: skip
 
-    def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
+    def kill_rank_1(proc: Process, line: str) -> None:
         (run_dir,) = (tmp_path / "outputs").glob("*/*")
         os.kill(rank_pid(run_dir, 1), signal.SIGKILL)
 
@@ -192,7 +193,7 @@ def test_dpt_torchrun_ends_a_job_whose_restarts_are_used_up_in_one_line(tmp_path
     cmd = [str(BIN / "dpt-torchrun"), "--standalone", "--nproc_per_node=2", "--max-restarts=0",
            str(TRAIN), "launcher=torchrun", *overrides, f"hydra.run.dir={tmp_path}"]  # fmt: skip
 
-    def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
+    def kill_rank_1(proc: Process, line: str) -> None:
         os.kill(rank_pid(tmp_path, 1), signal.SIGKILL)
 
     result = cmd_until(cmd, "[rank 0] epoch 1 | step 10/", kill_rank_1)
@@ -207,7 +208,7 @@ def _kill_the_launcher(run: Path) -> dict[str, Any]:
     """SIGKILL of the `dpt` process at step 10: its result, and how long its ranks outlived it."""
     gone_after: list[float] = []
 
-    def kill_the_launcher(proc: subprocess.Popen[str], line: str) -> None:
+    def kill_the_launcher(proc: Process, line: str) -> None:
         os.kill(proc.pid, signal.SIGKILL)
         killed_at = time.monotonic()
 
@@ -328,7 +329,7 @@ def test_a_stopped_rank_is_named_and_the_run_ends_within_the_timeout(tmp_path: P
     timeout_s = 5  # long enough for a step on a busy machine, short enough to wait out
     stopped: dict[str, float] = {}
 
-    def stop_rank_1(proc: subprocess.Popen[str], line: str) -> None:
+    def stop_rank_1(proc: Process, line: str) -> None:
         stopped["pid"] = rank_pid(tmp_path, 1)
         os.kill(int(stopped["pid"]), signal.SIGSTOP)
         stopped["at"] = time.monotonic()

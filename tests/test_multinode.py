@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +20,7 @@ from tests.helpers import (
     FAST,
     TORCHRUN,
     TRAIN,
+    Process,
     Result,
     cmd_until,
     free_port,
@@ -172,7 +172,7 @@ def test_a_lost_node_and_the_survivor_finishes_at_half_the_world(tmp_path: Path)
 
     lost = start(node(host=False), ENV)
 
-    def kill_the_other_node(survivor: subprocess.Popen[str], line: str) -> None:
+    def kill_the_other_node(survivor: Process, line: str) -> None:
         (rank,) = [
             pid for pid in (rank_pid(run_dir, r) for r in (0, 1)) if _parent(pid) == lost.pid
         ]

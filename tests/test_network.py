@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from tests.helpers import (
     FAST,
     TORCHRUN,
     TRAIN,
+    Process,
     assert_no_leftovers,
     listening_sockets,
     session_members,
@@ -75,7 +75,7 @@ def test_a_pulled_link_stops_both_nodes_within_the_timeout(
     timeout_s = 8  # long enough for a step on a busy machine, short enough to wait out
     master = two_hosts.hosts[0].address
 
-    def node(rank: int) -> subprocess.Popen[str]:
+    def node(rank: int) -> Process:
         host = two_hosts.hosts[rank]
         cmd = [
             *host.prefix("GLOO_SOCKET_IFNAME=eth0", "OMP_NUM_THREADS=1"),

@@ -16,13 +16,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers import (
+    Process,
     committed_checkpoints,
     dpt_logger_kept,
     free_port,
@@ -296,7 +296,7 @@ def test_a_pipeline_killed_by_sigkill_resumes_on_one_process(tmp_path: Path) -> 
     committed, and ends with the weights of one process run without a stop."""
     run = tmp_path / "killed"
 
-    def kill_rank_1(proc: subprocess.Popen[str], line: str) -> None:
+    def kill_rank_1(proc: Process, line: str) -> None:
         os.kill(rank_pid(run, 1), signal.SIGKILL)
 
     killed = run_until(run, [*KILLED, "strategy=pipeline"], "[rank 0] epoch 1 | step 10/",

@@ -28,6 +28,7 @@ from dpt.state.checkpoint import CheckpointError
 from tests.helpers import (
     FAST,
     REPO,
+    Process,
     Result,
     committed_checkpoints,
     compose,
@@ -85,7 +86,7 @@ def test_a_second_start_in_a_live_run_folder_stops_at_once(
     second: list[Result] = []
     launcher: list[int] = []
 
-    def start_another(proc: subprocess.Popen[str], _: str) -> None:
+    def start_another(proc: Process, _: str) -> None:
         # refused before any run: in this process (another process holds the folder)
         second.append(train_in_process(*FAST, "trainer.seed=7", f"hydra.run.dir={run}"))
         launcher.append(proc.pid)
@@ -134,7 +135,7 @@ def test_the_lock_is_held_once_per_process_and_released(tmp_path: Path) -> None:
     assert run_lock.held() == []
 
 
-def _holder(folder: Path, how: str) -> subprocess.Popen[str]:
+def _holder(folder: Path, how: str) -> Process:
     """A process that takes (`acquire(folder)`) or joins (`join(folder, 1)`) the folder's lock
     and keeps it until killed."""
     code = ("import sys; from pathlib import Path; from dpt.launch import run_lock; "
@@ -146,7 +147,7 @@ def _holder(folder: Path, how: str) -> subprocess.Popen[str]:
     return proc
 
 
-def _end(*procs: subprocess.Popen[str]) -> None:
+def _end(*procs: Process) -> None:
     for proc in procs:
         proc.kill()
         proc.wait()

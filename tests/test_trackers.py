@@ -7,7 +7,6 @@ import json
 import math
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from tests.helpers import (
     FAST,
     REPO,
     TRAIN,
+    Process,
     Result,
     cmd_until,
     run_cmd,
@@ -141,7 +141,7 @@ def _kill_when_logged(uri: str, run_dir: Path, step: int) -> Any:
     import json
     import os
 
-    def kill(proc: subprocess.Popen[str], line: str) -> None:
+    def kill(proc: Process, line: str) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             ids = json.loads((run_dir / "trackers.json").read_text())
