@@ -235,15 +235,22 @@ def _serve(address: str) -> dict[str, Any] | None:
                 return request
             for fd in fds:
                 os.close(fd)
-            conn.sendall(f"{pid}\n".encode())
+            _tell(conn, pid)
             children[pid] = conn
         while children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
             conn = children.pop(pid)
-            conn.sendall(f"{status}\n".encode())
+            _tell(conn, status)
             conn.close()
+
+
+def _tell(conn: socket.socket, number: int) -> None:
+    """A pid or a wait status to the test; a test that is gone (failed, timed out) no longer
+    listens, and the server goes on."""
+    with contextlib.suppress(OSError):
+        conn.sendall(f"{number}\n".encode())
 
 
 def _become(request: dict[str, Any], fds: list[int]) -> None:

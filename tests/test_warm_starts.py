@@ -1,0 +1,52 @@
+"""`python train.py` started warm (tests/warm_starts.py) is what a test of a process needs: a
+process of its own, in a session of its own, with the test's pipes, folder and environment, its
+exit code and the signal that ended it; a start whose environment could change what the server
+imported starts cold."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FAST, TRAIN, run_until, start
+from tests.warm_starts import WarmProcess
+
+pytestmark = pytest.mark.slow  # a server, and the processes it forks
+
+
+@pytest.mark.timeout(120)
+def test_a_warm_start_runs_train_py_in_its_own_session_and_folder(tmp_path: Path) -> None:
+    proc = start([sys.executable, str(TRAIN), "trainer.batch_size=abc",
+                  f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)  # fmt: skip
+    assert isinstance(proc, WarmProcess)
+    assert os.getsid(proc.pid) == proc.pid  # a session of its own: killpg reaches all it starts
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stdout + stderr
+    assert stderr.startswith("Error: trainer.batch_size: Value 'abc'"), stderr
+    assert not (tmp_path / "run").exists()  # refused before any run folder
+
+
+@pytest.mark.timeout(180)
+def test_a_signal_ends_a_warm_start_as_it_ends_a_process(tmp_path: Path) -> None:
+    result = run_until(tmp_path / "run", [*FAST, "trainer.max_steps=1000"], "step 5/",
+                       lambda proc, _: os.killpg(proc.pid, signal.SIGKILL))  # fmt: skip
+    assert result.returncode == -signal.SIGKILL
+    assert "[rank 0]" in result.stdout  # the pipes carried the run's console
+
+
+@pytest.mark.timeout(120)
+def test_what_the_server_imported_with_another_environment_starts_cold(tmp_path: Path) -> None:
+    for env in ({"PYTHONPATH": str(tmp_path)}, {"OMP_NUM_THREADS": "2"}):
+        proc = start([sys.executable, str(TRAIN), "--help"], env=env)
+        assert isinstance(proc, subprocess.Popen)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0
+    # and any other command than `python train.py`
+    proc = start([sys.executable, "-c", "print(1)"])
+    assert isinstance(proc, subprocess.Popen)
+    assert proc.communicate(timeout=60) == ("1\n", "")
