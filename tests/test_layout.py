@@ -212,3 +212,32 @@ def test_no_source_file_holds_more_than_one_job() -> None:
     long = {name: n for name, path in MODULES.items()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}  # fmt: skip
     assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+# A model's family asked by its class: what dpt/models/families answers.
+_FAMILY_LOOKUP = re.compile(r"isinstance\([^)]*\b(GPT|MLP|PreTrainedModel|ResNet)\b")
+
+
+def family_lookups(sources: dict[str, str]) -> list[str]:
+    """`isinstance` on a family's model class outside the families' own files."""
+    return [f"{name}:{number}" for name, text in sources.items()
+            if not name.startswith("dpt.models.families")
+            for number, line in enumerate(text.splitlines(), 1)
+            if _FAMILY_LOOKUP.search(line)]  # fmt: skip
+
+
+def test_a_models_family_is_asked_of_its_family_object() -> None:
+    """What the engine knows of a kind of model (blocks, pipeline cuts, tensor-parallel plan,
+    LoRA's targets, weight names, FLOPs, export) is one family file's answer, never an
+    isinstance chain elsewhere (the next family would break it)."""
+    found = family_lookups({name: path.read_text() for name, path in MODULES.items()})
+    assert not found, "family lookups outside dpt/models/families: " + ", ".join(found)
+
+
+def test_the_rule_catches_a_family_lookup() -> None:
+    sources = {
+        "dpt.loop.x": "if isinstance(model, GPT):\n    pass\n",
+        "dpt.models.families.gpt": "return isinstance(model, GPT)\n",
+        "dpt.models.y": "hf = isinstance(m, modeling.PreTrainedModel)\n",
+    }
+    assert family_lookups(sources) == ["dpt.loop.x:1", "dpt.models.y:1"]

@@ -176,10 +176,31 @@ def test_a_target_that_matches_no_linear_layer_is_one_line() -> None:
     )
 
 
-def test_lora_without_targets_is_one_line() -> None:
+def test_lora_without_targets_adapts_what_the_family_names() -> None:
+    """No targets named: the attention's query and value projections, as the model's family
+    names them (dpt's GPT and Llama's shape, BERT's, GPTNeoX's and Falcon's fused one); a model
+    whose family names none is one line that lists its linear layers."""
+    assert add_lora(gpt(), RANK, ALPHA, 0.0, []) == [
+        f"h.{i}.attn.{p}" for i in range(2) for p in ("q_proj", "v_proj")]  # fmt: skip
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    small = {"hidden_size": 16, "num_attention_heads": 2, "num_hidden_layers": 1,
+             "intermediate_size": 32, "vocab_size": 64}  # fmt: skip
+    for kind, auto, ends in [
+        ("llama", AutoModelForCausalLM, {"q_proj", "v_proj"}),
+        ("gpt_neox", AutoModelForCausalLM, {"query_key_value"}),
+        ("falcon", AutoModelForCausalLM, {"query_key_value"}),
+        ("bert", AutoModelForSequenceClassification, {"query", "value"}),
+    ]:
+        model = auto.from_config(AutoConfig.for_model(kind, **small))
+        adapted = add_lora(model, RANK, ALPHA, 0.0, [])
+        assert {name.rpartition(".")[2] for name in adapted} == ends, kind
     with pytest.raises(DptError) as error:
-        add_lora(gpt(), RANK, ALPHA, 0.0, [])
-    assert str(error.value) == "finetune.lora.rank=4: finetune.lora.targets names no layer"
+        add_lora(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), RANK, ALPHA, 0.0, [])
+    assert str(error.value) == (
+        "finetune.lora.rank=4: dpt knows no attention projections of Sequential to adapt; "
+        "name its layers in finetune.lora.targets (its linear layers end in: 0, 2)"
+    )
 
 
 class Backbone(nn.Module):

@@ -109,12 +109,10 @@ def _to_peft(model: nn.Module, lora: RunLora, task: str, out: Path) -> str:
 
     from safetensors.torch import save_file
 
-    from dpt.config.tasks import LANGUAGE_MODEL
-    from dpt.models.hf import is_transformers_model
+    from dpt.models.families import family_of
     from dpt.models.lora import PEFT_CONFIG, PEFT_WEIGHTS, peft_files
 
-    # peft's class for a transformers causal LM; a plain PeftModel for any other model.
-    kind = "CAUSAL_LM" if is_transformers_model(model) and task == LANGUAGE_MODEL else None
+    kind = family_of(model).peft_task_type(task)
     config, tensors = peft_files(model.state_dict(), lora.rank, lora.alpha, lora.dropout,
                                  lora.targets, lora.base, kind)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
@@ -138,14 +136,10 @@ def _weights(run_dir: Path, args: argparse.Namespace) -> tuple[Path, dict[str, t
 
 
 def _to_hf(model: nn.Module, run_dir: Path, out: Path) -> str:
-    from dpt.models.gpt import GPT
-    from dpt.models.hf import is_transformers_model
+    from dpt.models.families import family_of
 
-    if is_transformers_model(model):
-        hf_model = model
-    elif isinstance(model, GPT):
-        hf_model = _as_gpt2(model)
-    else:
+    hf_model = family_of(model).as_transformers(model)
+    if hf_model is None:
         raise DptError(
             f"--to hf: transformers has no class for {type(model).__name__} (a model=hf run's "
             "model or dpt's GPT); --to safetensors writes any model's weights"
@@ -153,17 +147,6 @@ def _to_hf(model: nn.Module, run_dir: Path, out: Path) -> str:
     hf_model.save_pretrained(out)
     _save_tokenizer(run_dir, out)
     return f"{type(hf_model).__name__}, from_pretrained loads it"
-
-
-def _as_gpt2(model: nn.Module) -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from dpt.models.gpt2_weights import to_gpt2
-
-    state, config = to_gpt2(model.state_dict(), model)
-    gpt2 = GPT2LMHeadModel(GPT2Config(**config))
-    gpt2.load_state_dict(state)
-    return gpt2
 
 
 def _save_tokenizer(run_dir: Path, out: Path) -> None:

@@ -18,8 +18,10 @@ class LoraConfig:
     alpha: float = above(0, 16.0)  # the adapters' output is scaled by alpha / rank
     dropout: float = between(0, 1, 0.0)  # dropout on the adapters' input
     # Linear layers that get adapters, by name pattern (fnmatch) of the whole name or its last
-    # parts: [q_proj, v_proj] (Llama-shaped models and dpt's GPT alike).
-    targets: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    # parts; []: the attention's query and value projections, as the model's family names them
+    # ([q_proj, v_proj] in dpt's GPT and Llama's shape, [query, value] in BERT's,
+    # [query_key_value] in GPTNeoX's and Falcon's).
+    targets: list[str] = field(default_factory=list)
 
 
 @dataclass

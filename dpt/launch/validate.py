@@ -7,6 +7,7 @@ before Hydra makes the run folder (dpt.launch.hydra_callbacks), and again per mu
 from __future__ import annotations
 
 import dataclasses
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,10 @@ from dpt.config.models import TorchvisionModelConfig
 from dpt.config.store import SCHEMAS
 from dpt.config.strategies import (
     INTERLEAVED,
+    DDPConfig,
     FSDPConfig,
     PipelineConfig,
+    TensorParallel,
     data_degree,
     is_distributed,
     pipeline_replicas,
@@ -198,6 +201,7 @@ def _validate_tensor_parallel(cfg: DictConfig) -> None:
     if degree == 1:
         return
     check_tensor_parallel(cfg.model, degree)
+    _check_ddp_keys_unset(cfg.strategy, degree)
     world = _world_size(cfg.launcher)
     if world is not None:
         data_degree(world, degree, int(cfg.strategy.get("stages", 1)))
@@ -207,6 +211,24 @@ def _validate_tensor_parallel(cfg: DictConfig) -> None:
     # GradScaler's overflow check would see this rank's slices of the gradients alone.
     _check(cfg.trainer.precision != "16-mixed", "trainer.precision", cfg.trainer.precision,
            "not supported with strategy.tensor_parallel; use bf16-mixed")  # fmt: skip
+
+
+def _check_ddp_keys_unset(strategy: DictConfig, degree: int) -> None:
+    """DDP does not wrap a model split over tensor-parallel ranks (its replicas' gradients are
+    averaged after backward): a DDP key set away from its default would be ignored."""
+    if OmegaConf.get_type(strategy) is not DDPConfig:
+        return
+    defaults = OmegaConf.load(files("dpt.conf").joinpath("strategy", "ddp.yaml"))
+    tensor_keys = {f.name for f in dataclasses.fields(TensorParallel)}
+    for field in dataclasses.fields(DDPConfig):
+        key = field.name
+        if key.startswith("_") or key in tensor_keys or strategy[key] == defaults[key]:
+            continue
+        shown = OmegaConf.to_yaml({key: strategy[key]}).strip().split(": ", 1)[1]
+        _check(False, f"strategy.{key}", shown,
+               f"DDP does not wrap a model split over strategy.tensor_parallel={degree} (its "
+               f"replicas' gradients are averaged after backward), so this would be ignored; "
+               f"remove it or use strategy.tensor_parallel=1")  # fmt: skip
 
 
 def _validate_pipeline(p: DictConfig, trainer: DictConfig, world: int | None) -> None:

@@ -37,7 +37,8 @@ from dpt.loop.evaluate import Validation
 from dpt.loop.param_groups import check_groups, param_groups
 from dpt.loop.precision import Precision
 from dpt.loop.strategy import Strategy
-from dpt.models import build_model, hf, token_flops, unwrap
+from dpt.models import build_model, token_flops, unwrap
+from dpt.models.families import family_of
 from dpt.models.lora import init_lora
 from dpt.models.meta import output_shape
 from dpt.models.weights import fit_state, fitting
@@ -313,8 +314,9 @@ def run_files(data: DataModule, model: nn.Module) -> dict[str, bytes]:
     tokenizer = getattr(data, "tokenizer", None)
     text = getattr(tokenizer, "text", None)
     files = {} if text is None else {tokenizer.describe()["file"]: text.encode()}
-    if hf.is_transformers_model(model):
-        files[HF_CONFIG_FILE] = model.config.to_json_string().encode()
+    config = family_of(model).transformers_config(model)
+    if config is not None:
+        files[HF_CONFIG_FILE] = config.encode()
     chat = getattr(data, "chat_format", None)
     if chat is not None:
         files[CHAT_FORMAT_FILE] = json.dumps(chat.describe(), indent=2).encode()

@@ -6,7 +6,6 @@ May import: base.
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Callable
 
@@ -53,13 +52,11 @@ def build_model(
 
 
 def token_flops(model: nn.Module) -> Callable[[int], float] | None:
-    """The model's training FLOPs per token of a sequence of so many tokens, where dpt counts
-    them: its own `flops_per_token` (dpt's GPT), or a transformers model's from its config."""
-    from dpt.models import hf
+    """The model's training FLOPs per token of a sequence of so many tokens, where its family
+    counts them (dpt's GPT; a transformers model, from its config)."""
+    from dpt.models.families import family_of
 
-    if hf.is_transformers_model(model):
-        return functools.partial(hf.flops_per_token, model)
-    return getattr(model, "flops_per_token", None)
+    return family_of(model).flops_per_token(model)
 
 
 def _compiled_module_type() -> type | tuple[()]:

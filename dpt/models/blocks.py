@@ -1,85 +1,29 @@
 """A model's blocks: the units that fsdp shards one by one and activation checkpointing recomputes.
 
-The MLP's blocks are its linear layers, a ResNet's its residual blocks (each stage's children),
-and other torchvision classifiers' their repeated blocks (`TORCHVISION_BLOCKS`: inverted
-residuals, MBConvs, ConvNeXt and transformer blocks). Found the same way before and after
-activation checkpointing wraps them, so fsdp shards the wrapped blocks (the order PyTorch's FSDP2
-expects: recomputation inside the sharded unit).
+Each family says what its blocks are (dpt/models/families): the MLP's linear layers, a ResNet's
+residual blocks, the GPT's and a transformers model's decoder layers, torchvision's repeated
+blocks. Found the same way before and after activation checkpointing wraps them, so fsdp shards
+the wrapped blocks (the order PyTorch's FSDP2 expects: recomputation inside the sharded unit).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
 from dpt.errors import DptError
-from dpt.models.gpt import GPT
-from dpt.models.hf import block_class_names, is_transformers_model
-from dpt.models.mlp import MLP
-
-RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
-# torchvision's repeated blocks, (module, class): each maps a tensor to a new tensor (not a
-# view, which FSDP2 warns about: ShuffleNet's blocks end in a channel shuffle view), holds its own
-# parameters and is registered in forward order. Named, not imported: no torchvision import to
-# find out that a model has none.
-TORCHVISION_BLOCKS = frozenset(
-    {
-        ("torchvision.models.mobilenetv2", "InvertedResidual"),
-        ("torchvision.models.mobilenetv3", "InvertedResidual"),
-        ("torchvision.models.efficientnet", "MBConv"),
-        ("torchvision.models.efficientnet", "FusedMBConv"),
-        ("torchvision.models.convnext", "CNBlock"),
-        ("torchvision.models.regnet", "ResBottleneckBlock"),
-        ("torchvision.models.mnasnet", "_InvertedResidual"),
-        ("torchvision.models.swin_transformer", "SwinTransformerBlock"),
-        ("torchvision.models.swin_transformer", "SwinTransformerBlockV2"),
-        ("torchvision.models.vision_transformer", "EncoderBlock"),
-    }
-)
+from dpt.models.families import family_of
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
     """The model's blocks in forward order; [] for a model dpt knows no blocks of. A pipeline
     stage's copy of the model holds only its own (the others are None: dpt.models.stages)."""
-    return [block for block in _blocks(model) if block is not None]
-
-
-def _blocks(model: nn.Module) -> list[nn.Module | None]:
-    if isinstance(model, MLP):
-        return [layer for layer in model
-                if layer is not None and any(True for _ in layer.parameters())]  # fmt: skip
-    if isinstance(model, GPT):
-        return list(model.h)  # as the model holds them (wrapped, once recomputed)
-    if _is_resnet(model):
-        return [block for stage in RESNET_STAGES for block in getattr(model, stage)]
-    if is_transformers_model(model):
-        names = block_class_names(model)
-        return list(_outermost(model, lambda c: c.__name__ in names))
-    return list(_outermost(model, lambda c: (c.__module__, c.__name__) in TORCHVISION_BLOCKS))
-
-
-def _outermost(module: nn.Module, is_block: Callable[[type], bool]) -> Iterator[nn.Module]:
-    """The outermost blocks under `module` (a class or one of its bases `is_block`), each as
-    the model holds it (inside activation checkpointing's wrapper: the wrapper). The bases
-    too: FSDP2 subclasses a module's class when it shards it."""
-    for child in module.children():
-        inner = getattr(child, "_checkpoint_wrapped_module", child)
-        if any(is_block(c) for c in type(inner).__mro__):
-            yield child
-        else:
-            yield from _outermost(child, is_block)
-
-
-def _is_resnet(model: nn.Module) -> bool:
-    # torchvision is imported only where a ResNet was built: no import to find out it is not one.
-    resnet = sys.modules.get("torchvision.models.resnet")
-    return resnet is not None and isinstance(model, resnet.ResNet)
+    return [block for block in family_of(model).blocks(model) if block is not None]
 
 
 def recompute_in_backward(model: nn.Module, compiled: bool = False) -> None:

@@ -6,11 +6,9 @@ The Auto class follows the task: a language model is a causal LM; the other task
 classifier (token inputs) or an image classifier (image inputs) with the data's number of
 outputs, a head of another size left fresh (transformers' `ignore_mismatched_sizes`). The model
 is transformers' own module, so its weights keep transformers' names (`dpt-export` writes them as
-they are); a forward hook hands the task its `.logits`. Its blocks are the classes it names in
-`_no_split_modules` (dpt.models.blocks): fsdp's and recomputation's units, the signal accelerate
-and FSDP's auto-wrapping use too. A Llama-shaped causal LM (Llama, Qwen2, Mistral: an embedding,
-decoder layers with rotary positions, a norm and a head) also cuts into pipeline stages between
-its layers.
+they are); a forward hook hands the task its `.logits`. What the engine asks of such a model
+(its blocks, pipeline units, tensor-parallel plan, FLOPs) its family answers:
+dpt/models/families/transformers.py.
 
 transformers is imported only here, by runs of `model=hf`.
 """
@@ -18,7 +16,6 @@ transformers is imported only here, by runs of `model=hf`.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -174,47 +171,3 @@ def _plain(config: Any) -> dict[str, Any]:
 
 def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
-def is_transformers_model(model: nn.Module) -> bool:
-    """Whether `model` is a transformers model (no import of transformers to find out)."""
-    modeling = sys.modules.get("transformers.modeling_utils")
-    return modeling is not None and isinstance(model, modeling.PreTrainedModel)
-
-
-def block_class_names(model: nn.Module) -> frozenset[str]:
-    """The classes of a transformers model's blocks: those it says must not be split."""
-    return frozenset(getattr(model, "_no_split_modules", None) or ())
-
-
-def flops_per_token(model: nn.Module, steps: int) -> float:
-    """Training FLOPs per token, as for dpt's GPT (6N plus attention's 12 L H Q T): N all the
-    model's parameters (a tied head once), the attention's sizes from its config."""
-    config = model.config
-    layers, heads = config.num_hidden_layers, config.num_attention_heads
-    head = getattr(config, "head_dim", None) or config.hidden_size // heads
-    parameters = sum(p.numel() for p in model.parameters())
-    return 6.0 * parameters + 12.0 * layers * heads * head * steps
-
-
-def is_llama_shaped(model: nn.Module) -> bool:
-    """An embedding, decoder layers taking rotary positions, a final norm and a head."""
-    base = getattr(model, "model", None)
-    return all(hasattr(base, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")) \
-        and hasattr(model, "lm_head")  # fmt: skip
-
-
-def positions(x: torch.Tensor) -> torch.Tensor:
-    """Position ids (1, T) of hidden states (B, T, C) of a sequence from its start."""
-    return torch.arange(x.shape[1], device=x.device).unsqueeze(0)
-
-
-def run_layer(model: nn.Module, x: torch.Tensor, index: int) -> torch.Tensor:
-    """Decoder layer `index` on hidden states: causal (no mask), rotary positions from 0."""
-    base = model.model
-    cos_sin = base.rotary_emb(x, positions(x))
-    return base.layers[index](x, position_embeddings=cos_sin)
-
-
-def run_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return model.lm_head(model.model.norm(x))

@@ -36,11 +36,20 @@ def add_lora(
     model: nn.Module, rank: int, alpha: float, dropout: float, targets: Sequence[str]
 ) -> list[str]:
     """Adapters of `rank` on every linear layer of `model` that a pattern of `targets` names
-    (fnmatch of the whole name or of its last parts: `q_proj`, `h.*.attn.v_proj`); every other
+    (fnmatch of the whole name or of its last parts: `q_proj`, `h.*.attn.v_proj`; none: those
+    the model's family names, its attention's query and value projections); every other
     parameter frozen. The adapted layers' names; a pattern that matches none is refused."""
-    if not targets:
-        raise DptError(f"finetune.lora.rank={rank}: finetune.lora.targets names no layer")
     linears = _linear_layers(model)
+    if not targets:
+        from dpt.models.families import family_of
+
+        targets = family_of(model).lora_targets(model)
+    if not targets:
+        raise DptError(
+            f"finetune.lora.rank={rank}: dpt knows no attention projections of "
+            f"{type(model).__name__} to adapt; name its layers in finetune.lora.targets "
+            f"({_linear_names(linears)})"
+        )
     chosen = _chosen(linears, targets)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
@@ -211,7 +220,9 @@ def peft_files(
 def _peft_targets(state: dict[str, Any], layers: list[str], targets: Sequence[str]) -> list[str]:
     """peft's `target_modules`: a list peft matches by whole name or last parts, without
     wildcards. The config's targets where they are plain names that match exactly the adapted
-    layers (`[q_proj, v_proj]`), else the layers' whole names."""
+    layers (`[q_proj, v_proj]`; none named: the adapted layers' last names, where they do), else
+    the layers' whole names."""
+    targets = targets or list(dict.fromkeys(layer.rpartition(".")[2] for layer in layers))
     modules = {".".join(parts[:i]) for k in state if not is_lora_key(k)
                for parts in [k.split(".")] for i in range(1, len(parts))}  # fmt: skip
     plain = not any(c in t for t in targets for c in "*?[")

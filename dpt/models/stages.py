@@ -11,93 +11,29 @@ checkpoints of any number of stages are the same keys, and load at any other num
 from __future__ import annotations
 
 import copy
-import functools
 import itertools
-import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from dpt.errors import DptError
-from dpt.models import hf
-from dpt.models.gpt import GPT
-
-
-@dataclass(frozen=True)
-class Unit:
-    """`name`: what `strategy.split_points` names; `modules`: the modules it runs (their
-    names in the model); `run(model, x)`: its forward, on the model that holds them."""
-
-    name: str
-    modules: tuple[str, ...]
-    run: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+from dpt.models.families import family_of
+from dpt.models.families.base import Unit
 
 
 def units(model: nn.Module) -> list[Unit]:
     """The model's units in forward order; one line where dpt knows none."""
-    if isinstance(model, GPT):
-        return _gpt_units(model)
-    if isinstance(model, nn.Sequential):
-        return [Unit(name, (name,), _child(name)) for name, _ in model.named_children()]
-    if _is_resnet(model):
-        return _resnet_units(model)
-    if hf.is_transformers_model(model) and hf.is_llama_shaped(model):
-        return _llama_units(model)
-    raise DptError(
-        f"strategy=pipeline: dpt does not know where to cut {type(model).__name__} into stages "
-        "(it cuts the GPT between blocks, the ResNets between residual blocks, Llama-shaped "
-        "transformers models between decoder layers and any nn.Sequential between its children)"
-    )
-
-
-def _child(name: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
-    return lambda model, x: model.get_submodule(name)(x)
-
-
-def _gpt_units(model: GPT) -> list[Unit]:
-    blocks = [Unit(f"h.{i}", (f"h.{i}",), _child(f"h.{i}")) for i in range(len(model.h))]
-    return [
-        Unit("embed", ("wte", "wpe", "drop"), lambda m, x: m.embed(x)),
-        *blocks,
-        Unit("head", ("ln_f", "lm_head"), lambda m, x: m.head(x)),
-    ]
-
-
-def _llama_units(model: nn.Module) -> list[Unit]:
-    """A transformers causal LM of Llama's shape: its embedding, each decoder layer (with the
-    rotary embedding, which holds no parameters, so that every stage computes its positions)
-    and its norm with the head."""
-    layers = [Unit(f"model.layers.{i}", (f"model.layers.{i}", "model.rotary_emb"),
-                   functools.partial(hf.run_layer, index=i))
-              for i in range(len(model.model.layers))]  # fmt: skip
-    return [
-        Unit("embed", ("model.embed_tokens",), lambda m, x: m.model.embed_tokens(x)),
-        *layers,
-        Unit("head", ("model.norm", "lm_head"), hf.run_head),
-    ]
-
-
-def _resnet_units(model: nn.Module) -> list[Unit]:
-    from dpt.models.blocks import RESNET_STAGES
-
-    def stem(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return m.maxpool(m.relu(m.bn1(m.conv1(x))))
-
-    def head(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return m.fc(torch.flatten(m.avgpool(x), 1))
-
-    blocks = [Unit(f"{layer}.{i}", (f"{layer}.{i}",), _child(f"{layer}.{i}"))
-              for layer in RESNET_STAGES for i in range(len(getattr(model, layer)))]  # fmt: skip
-    return [Unit("stem", ("conv1", "bn1", "relu", "maxpool"), stem), *blocks,
-            Unit("head", ("avgpool", "fc"), head)]  # fmt: skip
-
-
-def _is_resnet(model: nn.Module) -> bool:
-    resnet = sys.modules.get("torchvision.models.resnet")
-    return resnet is not None and isinstance(model, resnet.ResNet)
+    found = family_of(model).units(model)
+    if found is None:
+        raise DptError(
+            f"strategy=pipeline: dpt does not know where to cut {type(model).__name__} into "
+            "stages (it cuts the GPT between blocks, the ResNets between residual blocks, "
+            "Llama-shaped transformers models between decoder layers and any nn.Sequential "
+            "between its children)"
+        )
+    return found
 
 
 def plan(model: nn.Module, stages: int, split_points: Sequence[str] | None) -> list[list[Unit]]:

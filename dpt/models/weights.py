@@ -94,17 +94,12 @@ def fitting(
 ) -> dict[str, torch.Tensor]:
     """What of `state` loads into `model`, refused in one line unless every tensor of the
     model is there with its shape, but a classification head of another size (left fresh) and
-    a tied copy (a head sharing the embedding's matrix, which transformers saves once). dpt's GPT
-    reads GPT-2's layout too, and its own fused `qkv` of before. Shapes only: `model` may be on
-    the meta device."""
-    from dpt.models.gpt import GPT, split_fused_qkv
-    from dpt.models.gpt2_weights import from_gpt2, is_gpt2_layout
+    a tied copy (a head sharing the embedding's matrix, which transformers saves once), in the
+    names the model's family reads (dpt's GPT: GPT-2's layout too, and its own fused `qkv` of
+    before). Shapes only: `model` may be on the meta device."""
+    from dpt.models.families import family_of
 
-    if isinstance(model, GPT) and is_gpt2_layout(state):
-        state = from_gpt2(state, model)
-    elif isinstance(model, GPT):  # written while the attention's projection was one (`qkv`)
-        state = dict(state)
-        split_fused_qkv(state)
+    state = family_of(model).weights_in(model, state)
     # LoRA's adapters are the run's own (dpt.models.lora): no source holds them.
     own = {k: v for k, v in model.state_dict().items() if not is_lora_key(k)}
     usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}

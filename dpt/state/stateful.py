@@ -62,17 +62,14 @@ class ModelState:
         self.model, self.trainable_only = model, trainable_only
 
     def expect(self, stored: set[str]) -> None:
-        """One line for a GPT checkpoint written while its attention's projections were one
-        fused `qkv` (DCP loads by the model's names, which are now q_proj, k_proj, v_proj)."""
-        from dpt.models.gpt import FUSED_QKV, GPT
+        """One line where the model's family cannot resume from a checkpoint of these tensors
+        (DCP loads by the model's names: a GPT checkpoint of before, with one fused `qkv`)."""
+        from dpt.models.families import family_of
 
-        fused = any(key.endswith(f".attn.{FUSED_QKV}.weight") for key in stored)
-        if fused and isinstance(unwrap(self.model), GPT):
-            raise DptError(
-                "this checkpoint was written while dpt's GPT fused its attention's projections "
-                f"(attn.{FUSED_QKV}): its optimizer state cannot resume; start from its weights "
-                "with model.init_from=<its run folder>, which splits them"
-            )
+        model = unwrap(self.model)
+        refused = family_of(model).refused_checkpoint(model, stored)
+        if refused is not None:
+            raise DptError(refused)
 
     def _options(self) -> Any:
         only = self.trainable_only

@@ -1,0 +1,109 @@
+"""What the engine asks of a model family, and the parts the families share.
+
+A family answers for the models it owns (`owns`): its blocks (fsdp's and recomputation's
+units), its pipeline units (where a cut may go), its tensor-parallel plan, LoRA's default targets,
+how weights written in another layout are named in its own, its FLOPs per token, and the
+transformers model `dpt-export --to hf` writes. The defaults answer "dpt knows none": a family
+states only what it knows. The engine asks `dpt.models.families.family_of(model)`, never the
+model's class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A pipeline unit. `name`: what `strategy.split_points` names; `modules`: the modules it
+    runs (their names in the model); `run(model, x)`: its forward, on the model that holds
+    them."""
+
+    name: str
+    modules: tuple[str, ...]
+    run: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+
+
+# A tensor-parallel plan: splits the model over a 1-D tensor mesh, in place.
+Plan = Callable[[nn.Module, Any], None]
+
+
+class Family:
+    """A model family: what dpt knows of the models it owns. The defaults: nothing."""
+
+    name = "other"
+
+    def owns(self, model: nn.Module) -> bool:
+        return False
+
+    def blocks(self, model: nn.Module) -> list[nn.Module | None]:
+        """The blocks in forward order (a pipeline stage's copy holds None for the others')."""
+        return []
+
+    def units(self, model: nn.Module) -> list[Unit] | None:
+        """The pipeline units in forward order; None: dpt does not know where to cut it."""
+        return None
+
+    def tensor_plan(self, model: nn.Module) -> Plan | None:
+        return None
+
+    def lora_targets(self, model: nn.Module) -> tuple[str, ...]:
+        """The layers LoRA adapts when `finetune.lora.targets` names none."""
+        return ()
+
+    def weights_in(self, model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+        """`state` (a weights source's tensors) named as `model` names them."""
+        return state
+
+    def refused_checkpoint(self, model: nn.Module, stored: set[str]) -> str | None:
+        """Why a checkpoint holding the tensors `stored` cannot resume `model`; None: it can."""
+        return None
+
+    def flops_per_token(self, model: nn.Module) -> Callable[[int], float] | None:
+        """Training FLOPs per token of a sequence of so many tokens; None: not counted."""
+        return getattr(model, "flops_per_token", None)
+
+    def as_transformers(self, model: nn.Module) -> nn.Module | None:
+        """The transformers model `dpt-export --to hf` saves; None: transformers has no class."""
+        return None
+
+    def peft_task_type(self, task: str) -> str | None:
+        """peft's task type for an adapter of this family's model trained for `task` (a dpt
+        task kind); None: a plain PeftModel."""
+        return None
+
+    def transformers_config(self, model: nn.Module) -> str | None:
+        """The transformers config (JSON) a run keeps to rebuild the model without its folder."""
+        return None
+
+
+def child(name: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+    """A unit's forward that runs the submodule `name`."""
+    return lambda model, x: model.get_submodule(name)(x)
+
+
+def outermost(module: nn.Module, is_block: Callable[[type], bool]) -> Iterator[nn.Module]:
+    """The outermost blocks under `module` (a class or one of its bases `is_block`), each as
+    the model holds it (inside activation checkpointing's wrapper: the wrapper). The bases
+    too: FSDP2 subclasses a module's class when it shards it."""
+    for sub in module.children():
+        inner = getattr(sub, "_checkpoint_wrapped_module", sub)
+        if any(is_block(c) for c in type(inner).__mro__):
+            yield sub
+        else:
+            yield from outermost(sub, is_block)
+
+
+def inner(block: nn.Module) -> nn.Module:
+    """The block inside activation checkpointing's wrapper: a plan's names are its own."""
+    return getattr(block, "_checkpoint_wrapped_module", block)
+
+
+def sequential_units(model: nn.Sequential) -> list[Unit]:
+    """An `nn.Sequential`'s units: its children."""
+    return [Unit(name, (name,), child(name)) for name, _ in model.named_children()]

@@ -1,0 +1,135 @@
+"""transformers' models (`model=hf`): blocks are the classes a model names in
+`_no_split_modules` (the signal accelerate and FSDP's auto-wrapping use too). A decoder-only
+causal LM in Llama's shape (an embedding, decoder layers taking rotary positions, a final norm
+and a head: Llama, Mistral, Qwen2, Qwen3) cuts into pipeline stages between its layers and
+splits over tensor-parallel ranks as torchtitan plans Llama. Found by structure, whatever its
+`model_type`. transformers is never imported here: a model that is one was built by it.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpt.config.tasks import LANGUAGE_MODEL
+from dpt.models.families.base import Family, Plan, Unit, inner, outermost
+from dpt.models.gpt import QKV
+
+# The attention's query and value projections as transformers' families name them: separate
+# (Llama, Mistral, Qwen, Gemma, OPT; BERT, RoBERTa), or one fused projection of all three
+# (GPTNeoX, Falcon; Phi-3).
+QUERY_VALUE = (("q_proj", "v_proj"), ("query", "value"), ("query_key_value",), ("qkv_proj",))
+
+
+class TransformersFamily(Family):
+    name = "transformers' models (model=hf)"
+
+    def owns(self, model: nn.Module) -> bool:
+        modeling = sys.modules.get("transformers.modeling_utils")
+        return modeling is not None and isinstance(model, modeling.PreTrainedModel)
+
+    def blocks(self, model: nn.Module) -> list[nn.Module | None]:
+        names = frozenset(getattr(model, "_no_split_modules", None) or ())
+        return list(outermost(model, lambda c: c.__name__ in names))
+
+    def units(self, model: nn.Module) -> list[Unit] | None:
+        """Its embedding, each decoder layer (with the rotary embedding, which holds no
+        parameters, so that every stage computes its positions) and its norm with the head."""
+        if not is_llama_shaped(model):
+            return None
+        layers = [Unit(f"model.layers.{i}", (f"model.layers.{i}", "model.rotary_emb"),
+                       functools.partial(_run_layer, index=i))
+                  for i in range(len(model.model.layers))]  # fmt: skip
+        return [
+            Unit("embed", ("model.embed_tokens",), lambda m, x: m.model.embed_tokens(x)),
+            *layers,
+            Unit("head", ("model.norm", "lm_head"), _run_head),
+        ]
+
+    def tensor_plan(self, model: nn.Module) -> Plan | None:
+        return self._parallelize if is_llama_shaped(model) else None
+
+    def _parallelize(self, model: nn.Module, mesh: Any) -> None:
+        """The attention reads its heads' count from the projections' width, so each rank
+        computes its own heads."""
+        from dpt.models.tensor_styles import columns_then_rows, split, styles
+
+        tp, Replicate, Shard = styles()
+        split(model, mesh, {
+            "model.embed_tokens": tp.RowwiseParallel(input_layouts=Replicate(),
+                                                     output_layouts=Shard(1),
+                                                     use_local_output=False),
+            "model.norm": tp.SequenceParallel(),
+            "lm_head": tp.ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        })  # fmt: skip
+        for block in self.blocks(model):
+            if block is None:
+                continue
+            split(inner(block), mesh, {
+                "input_layernorm": tp.SequenceParallel(),
+                "self_attn": tp.PrepareModuleInput(
+                    input_kwarg_layouts={"hidden_states": Shard(1)},
+                    desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+                **columns_then_rows("self_attn", QKV, "o_proj"),  # as dpt's GPT names them
+                "post_attention_layernorm": tp.SequenceParallel(),
+                "mlp": tp.PrepareModuleInput(input_layouts=(Shard(1),),
+                                             desired_input_layouts=(Replicate(),)),
+                **columns_then_rows("mlp", ("gate_proj", "up_proj"), "down_proj"),
+            })  # fmt: skip
+
+    def lora_targets(self, model: nn.Module) -> tuple[str, ...]:
+        """Its attention's query and value projections, by the names transformers' families
+        give them (separate, or one fused projection)."""
+        linears = {name.rpartition(".")[2] for name, module in model.named_modules()
+                   if isinstance(module, nn.Linear)}  # fmt: skip
+        return next((names for names in QUERY_VALUE if set(names) <= linears), ())
+
+    def flops_per_token(self, model: nn.Module) -> Callable[[int], float]:
+        return functools.partial(_flops_per_token, model)
+
+    def as_transformers(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def peft_task_type(self, task: str) -> str | None:
+        return "CAUSAL_LM" if task == LANGUAGE_MODEL else None
+
+    def transformers_config(self, model: nn.Module) -> str:
+        return model.config.to_json_string()
+
+
+def is_llama_shaped(model: nn.Module) -> bool:
+    """An embedding, decoder layers taking rotary positions, a final norm and a head."""
+    base = getattr(model, "model", None)
+    return all(hasattr(base, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")) \
+        and hasattr(model, "lm_head")  # fmt: skip
+
+
+def _flops_per_token(model: nn.Module, steps: int) -> float:
+    """As for dpt's GPT (6N plus attention's 12 L H Q T): N all the model's parameters (a tied
+    head once), the attention's sizes from its config."""
+    config = model.config
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
+    head = getattr(config, "head_dim", None) or config.hidden_size // heads
+    parameters = sum(p.numel() for p in model.parameters())
+    return 6.0 * parameters + 12.0 * layers * heads * head * steps
+
+
+def _positions(x: torch.Tensor) -> torch.Tensor:
+    """Position ids (1, T) of hidden states (B, T, C) of a sequence from its start."""
+    return torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+
+
+def _run_layer(model: nn.Module, x: torch.Tensor, index: int) -> torch.Tensor:
+    """Decoder layer `index` on hidden states: causal (no mask), rotary positions from 0."""
+    base = model.model
+    cos_sin = base.rotary_emb(x, _positions(x))
+    return base.layers[index](x, position_embeddings=cos_sin)
+
+
+def _run_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model.lm_head(model.model.norm(x))
