@@ -55,7 +55,7 @@ def start(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = REPO) -
     train.py` forked from a preloaded interpreter where that cannot differ
     (tests/warm_starts.py)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    if (warm := warm_start(cmd, env, cwd)) is not None:
+    if cmd[:2] == [sys.executable, str(TRAIN)] and (warm := warm_start(cmd, env, cwd)):
         return warm
     return subprocess.Popen(
         cmd,

@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -47,7 +48,6 @@ PRELOAD = ("torch", "torch._dynamo", "hydra", "omegaconf")
 # Variables that may differ between the server's environment and a warm start's: read while a
 # run runs, never while importing what the server preloaded.
 WARM_DIFFERENCES = ("PYTHONUNBUFFERED", "PYTEST_CURRENT_TEST", "DPT_TEST_")
-_TRAIN = Path(__file__).resolve().parents[1] / "train.py"
 _BUSY_POLL_S = 0.05  # how often the server looks for ended children
 
 
@@ -171,16 +171,18 @@ class _Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _server: _Server | None = None
 
 
 def warm_start(cmd: list[str], env: dict[str, str], cwd: Path) -> WarmProcess | None:
-    """`cmd` (with the whole environment `env`) forked from this worker's server where a warm
-    start cannot differ from a cold one (see the module's docstring); None: start it cold."""
+    """`cmd`, this interpreter running a script (`train.py`, as tests.helpers.start asks), with
+    the whole environment `env`, forked from this worker's server where a warm start cannot
+    differ from a cold one (see the module's docstring); None: start it cold."""
     global _server
-    if cmd[:2] != [sys.executable, str(_TRAIN)]:
+    if len(cmd) < 2 or cmd[0] != sys.executable or cmd[1].startswith("-"):
         return None
     if _server is None:
         _server = _Server()
@@ -208,8 +210,9 @@ def _recv_line(conn: socket.socket) -> str:
 
 
 def _serve(address: str) -> dict[str, Any] | None:
-    """Fork a child per request; in the parent, send each child's pid and, once it ended, its
-    wait status. Returns the request in a child, None in the server once the worker is gone."""
+    """Fork a child per request, which sends its pid once it has taken the request's session;
+    the server sends its wait status once it ended. Returns the request in a child, None in the
+    server once the worker is gone."""
     for name in PRELOAD:
         __import__(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -230,12 +233,14 @@ def _serve(address: str) -> dict[str, Any] | None:
                 listener.close()
                 for other in children.values():
                     other.close()
-                conn.close()
                 _become(request, fds)
+                # Its pid once its session exists (Popen returns after the child's setsid too):
+                # a test may signal the session at once.
+                _tell(conn, os.getpid())
+                conn.close()
                 return request
             for fd in fds:
                 os.close(fd)
-            _tell(conn, pid)
             children[pid] = conn
         while children:
             pid, status = os.waitpid(-1, os.WNOHANG)

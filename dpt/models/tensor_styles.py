@@ -58,3 +58,39 @@ def Replicated() -> Any:
             return distribute_module(module, mesh, input_fn=inputs)
 
     return _Replicated()
+
+
+def vocabulary_ends(embedding: str, norm: str, head: str) -> dict[str, Any]:
+    """The token embedding split by rows of the vocabulary (each rank embeds the tokens it
+    holds, the partial sums reduce-scattered to each rank's part of the sequence), the final norm
+    on that part, the head by columns, gathered to whole logits for the task's loss."""
+    tp, Replicate, Shard = styles()
+    return {
+        embedding: tp.RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
+                                      use_local_output=False),
+        norm: tp.SequenceParallel(),
+        head: tp.ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }  # fmt: skip
+
+
+def pre_norm_block(
+    norms: tuple[str, str],
+    attention: tuple[str, tuple[str, ...], str],
+    attention_input: Any,
+    mlp: tuple[str, tuple[str, ...], str],
+) -> dict[str, Any]:
+    """A pre-norm transformer block: its two norms on each rank's part of the sequence; the
+    attention (name, column-split projections, row-split one) and the MLP (the same) each take
+    their input whole (`attention_input`: the attention's PrepareModuleInput, by position or by
+    keyword as its forward takes it)."""
+    tp, Replicate, Shard = styles()
+    first, second = norms
+    (attn, attn_columns, attn_rows), (ff, ff_columns, ff_rows) = attention, mlp
+    return {
+        first: tp.SequenceParallel(),
+        attn: attention_input,
+        **columns_then_rows(attn, attn_columns, attn_rows),
+        second: tp.SequenceParallel(),
+        ff: tp.PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        **columns_then_rows(ff, ff_columns, ff_rows),
+    }

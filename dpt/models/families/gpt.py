@@ -33,31 +33,25 @@ class GPTFamily(Family):
         return self._parallelize
 
     def _parallelize(self, model: nn.Module, mesh: Any) -> None:
-        from dpt.models.tensor_styles import Replicated, columns_then_rows, split, styles
+        from dpt.models.tensor_styles import (
+            Replicated,
+            pre_norm_block,
+            split,
+            styles,
+            vocabulary_ends,
+        )
 
         tp, Replicate, Shard = styles()
-        split(model, mesh, {
-            # The vocabulary's rows split: each rank embeds the tokens it holds, the partial
-            # sums reduce-scattered to each rank's part of the sequence.
-            "wte": tp.RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
-                                      use_local_output=False),
-            "wpe": Replicated(),
-            "ln_f": tp.SequenceParallel(),
-            "lm_head": tp.ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-        })  # fmt: skip
+        split(model, mesh, {**vocabulary_ends("wte", "ln_f", "lm_head"), "wpe": Replicated()})
         for block in self.blocks(model):
             if block is None:
                 continue
-            split(inner(block), mesh, {
-                "ln_1": tp.SequenceParallel(),
-                "attn": tp.PrepareModuleInput(input_layouts=(Shard(1), None),
-                                              desired_input_layouts=(Replicate(), None)),
-                **columns_then_rows("attn", QKV, "proj"),
-                "ln_2": tp.SequenceParallel(),
-                "mlp": tp.PrepareModuleInput(input_layouts=(Shard(1),),
-                                             desired_input_layouts=(Replicate(),)),
-                **columns_then_rows("mlp", ("fc",), "proj"),
-            })  # fmt: skip
+            attention_input = tp.PrepareModuleInput(
+                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+            )
+            split(inner(block), mesh, pre_norm_block(
+                ("ln_1", "ln_2"), ("attn", QKV, "proj"), attention_input, ("mlp", ("fc",), "proj")
+            ))  # fmt: skip
 
     def lora_targets(self, model: nn.Module) -> tuple[str, ...]:
         return (QKV[0], QKV[2])  # the query and value projections

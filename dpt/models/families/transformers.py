@@ -57,30 +57,23 @@ class TransformersFamily(Family):
     def _parallelize(self, model: nn.Module, mesh: Any) -> None:
         """The attention reads its heads' count from the projections' width, so each rank
         computes its own heads."""
-        from dpt.models.tensor_styles import columns_then_rows, split, styles
+        from dpt.models.tensor_styles import pre_norm_block, split, styles, vocabulary_ends
 
         tp, Replicate, Shard = styles()
-        split(model, mesh, {
-            "model.embed_tokens": tp.RowwiseParallel(input_layouts=Replicate(),
-                                                     output_layouts=Shard(1),
-                                                     use_local_output=False),
-            "model.norm": tp.SequenceParallel(),
-            "lm_head": tp.ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-        })  # fmt: skip
+        split(model, mesh, vocabulary_ends("model.embed_tokens", "model.norm", "lm_head"))
         for block in self.blocks(model):
             if block is None:
                 continue
-            split(inner(block), mesh, {
-                "input_layernorm": tp.SequenceParallel(),
-                "self_attn": tp.PrepareModuleInput(
-                    input_kwarg_layouts={"hidden_states": Shard(1)},
-                    desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-                **columns_then_rows("self_attn", QKV, "o_proj"),  # as dpt's GPT names them
-                "post_attention_layernorm": tp.SequenceParallel(),
-                "mlp": tp.PrepareModuleInput(input_layouts=(Shard(1),),
-                                             desired_input_layouts=(Replicate(),)),
-                **columns_then_rows("mlp", ("gate_proj", "up_proj"), "down_proj"),
-            })  # fmt: skip
+            attention_input = tp.PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": Shard(1)},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            )
+            split(inner(block), mesh, pre_norm_block(
+                ("input_layernorm", "post_attention_layernorm"),
+                ("self_attn", QKV, "o_proj"),  # as dpt's GPT names them
+                attention_input,
+                ("mlp", ("gate_proj", "up_proj"), "down_proj"),
+            ))  # fmt: skip
 
     def lora_targets(self, model: nn.Module) -> tuple[str, ...]:
         """Its attention's query and value projections, by the names transformers' families
