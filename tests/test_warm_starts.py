@@ -50,3 +50,16 @@ def test_what_the_server_imported_with_another_environment_starts_cold(tmp_path:
     proc = start([sys.executable, "-c", "print(1)"])
     assert isinstance(proc, subprocess.Popen)
     assert proc.communicate(timeout=60) == ("1\n", "")
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_whose_environment_changed_starts_warm_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A variable a test left set in the worker (a world's MASTER_PORT) is in the environment of
+    every start after it: the server is started anew with it, and the starts stay warm."""
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    proc = start([sys.executable, str(TRAIN), "--help"], cwd=tmp_path)
+    assert isinstance(proc, WarmProcess)
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and stdout.startswith("dpt: data-parallel training")

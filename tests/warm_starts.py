@@ -17,11 +17,12 @@ What differs from a cold start is what happened before `train.py`'s first line: 
 compiler stack and Hydra are already imported, with the environment the server started with. So
 a start is warm only where that cannot matter: the command is this interpreter running
 `train.py`, and its environment differs from the server's only in variables read while running
-(`WARM_DIFFERENCES`); anything else (another PYTHONPATH, OMP_NUM_THREADS, a command line that is
-not `python train.py`) starts cold. What is about start-up itself keeps a cold interpreter: the
-answers without torch (tests/test_fast_answers.py), the optional imports
-(tests/test_metrics_import.py), the docs' and README's commands run as printed, the console
-scripts, torchrun, SLURM.
+(`WARM_DIFFERENCES`; where the pytest worker's own environment changed, a test having set a
+variable for good, the server is started anew with it); anything else (another PYTHONPATH,
+OMP_NUM_THREADS, a command line that is not `python train.py`) starts cold. What is about
+start-up itself keeps a cold interpreter: the answers without torch
+(tests/test_fast_answers.py), the optional imports (tests/test_metrics_import.py), the docs' and
+README's commands run as printed, the console scripts, torchrun, SLURM.
 
 This module imports only the standard library at its top: it is the server's `__main__` too.
 """
@@ -184,6 +185,8 @@ def warm_start(cmd: list[str], env: dict[str, str], cwd: Path) -> WarmProcess | 
     global _server
     if len(cmd) < 2 or cmd[0] != sys.executable or cmd[1].startswith("-"):
         return None
+    if _server is not None and not _server.fits({**os.environ, "PYTHONUNBUFFERED": "1"}):
+        close()  # this worker's own environment changed since: a server that has it
     if _server is None:
         _server = _Server()
     if not _server.fits(env):
