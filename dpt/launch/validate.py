@@ -225,10 +225,11 @@ def _check_ddp_keys_unset(strategy: DictConfig, degree: int) -> None:
         if key.startswith("_") or key in tensor_keys or strategy[key] == defaults[key]:
             continue
         shown = OmegaConf.to_yaml({key: strategy[key]}).strip().split(": ", 1)[1]
-        _check(False, f"strategy.{key}", shown,
-               f"DDP does not wrap a model split over strategy.tensor_parallel={degree} (its "
-               f"replicas' gradients are averaged after backward), so this would be ignored; "
-               f"remove it or use strategy.tensor_parallel=1")  # fmt: skip
+        raise ConfigError(
+            f"strategy.{key}={shown}: DDP does not wrap a model split over "
+            f"strategy.tensor_parallel={degree} (its replicas' gradients are averaged after "
+            "backward), so this would be ignored; remove it or use strategy.tensor_parallel=1"
+        )
 
 
 def _validate_pipeline(p: DictConfig, trainer: DictConfig, world: int | None) -> None:

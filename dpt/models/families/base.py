@@ -10,6 +10,7 @@ model's class.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -35,8 +36,6 @@ Plan = Callable[[nn.Module, Any], None]
 
 class Family:
     """A model family: what dpt knows of the models it owns. The defaults: nothing."""
-
-    name = "other"
 
     def owns(self, model: nn.Module) -> bool:
         return False
@@ -80,6 +79,13 @@ class Family:
     def transformers_config(self, model: nn.Module) -> str | None:
         """The transformers config (JSON) a run keeps to rebuild the model without its folder."""
         return None
+
+
+def loaded_instance(model: nn.Module, module: str, cls: str) -> bool:
+    """Whether `model` is a `module.cls`, where `module` is imported already: a library is
+    imported only where a model of it was built, never to find out that a model is not one."""
+    found = sys.modules.get(module)
+    return found is not None and isinstance(model, getattr(found, cls))
 
 
 def child(name: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:

@@ -3,7 +3,6 @@ GPT-2's weights read in and written out (transformers' GPT2LMHeadModel)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -13,8 +12,6 @@ from dpt.models.gpt import FUSED_QKV, GPT, QKV, split_fused_qkv
 
 
 class GPTFamily(Family):
-    name = "dpt's GPT (model=gpt)"
-
     def owns(self, model: nn.Module) -> bool:
         return isinstance(model, GPT)
 
@@ -75,9 +72,6 @@ class GPTFamily(Family):
             f"(attn.{FUSED_QKV}): its optimizer state cannot resume; start from its weights "
             "with model.init_from=<its run folder>, which splits them"
         )
-
-    def flops_per_token(self, model: nn.Module) -> Callable[[int], float]:
-        return model.flops_per_token
 
     def as_transformers(self, model: nn.Module) -> nn.Module:
         """transformers' GPT2LMHeadModel with the run's weights."""

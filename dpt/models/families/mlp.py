@@ -9,8 +9,6 @@ from dpt.models.mlp import MLP
 
 
 class MLPFamily(Family):
-    name = "dpt's MLP (model=mlp)"
-
     def owns(self, model: nn.Module) -> bool:
         return isinstance(model, MLP)
 

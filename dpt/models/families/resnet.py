@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch import nn
 
-from dpt.models.families.base import Family, Unit, child
+from dpt.models.families.base import Family, Unit, child, loaded_instance
 
 STAGES = ("layer1", "layer2", "layer3", "layer4")
 
 
 class ResNetFamily(Family):
-    name = "torchvision's ResNets"
-
     def owns(self, model: nn.Module) -> bool:
-        # torchvision is imported only where a ResNet was built: no import to find out it is
-        # not one.
-        resnet = sys.modules.get("torchvision.models.resnet")
-        return resnet is not None and isinstance(model, resnet.ResNet)
+        return loaded_instance(model, "torchvision.models.resnet", "ResNet")
 
     def blocks(self, model: nn.Module) -> list[nn.Module | None]:
         return [block for stage in STAGES for block in getattr(model, stage)]

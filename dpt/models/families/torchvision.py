@@ -29,8 +29,6 @@ BLOCKS = frozenset(
 
 
 class ByPartsFamily(Family):
-    name = "a model of torchvision's blocks"
-
     def owns(self, model: nn.Module) -> bool:
         return True  # the last asked: what any model's parts say
 

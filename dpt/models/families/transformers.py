@@ -9,7 +9,6 @@ splits over tensor-parallel ranks as torchtitan plans Llama. Found by structure,
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +16,7 @@ import torch
 from torch import nn
 
 from dpt.config.tasks import LANGUAGE_MODEL
-from dpt.models.families.base import Family, Plan, Unit, inner, outermost
+from dpt.models.families.base import Family, Plan, Unit, inner, loaded_instance, outermost
 from dpt.models.gpt import QKV
 
 # The attention's query and value projections as transformers' families name them: separate
@@ -27,11 +26,8 @@ QUERY_VALUE = (("q_proj", "v_proj"), ("query", "value"), ("query_key_value",), (
 
 
 class TransformersFamily(Family):
-    name = "transformers' models (model=hf)"
-
     def owns(self, model: nn.Module) -> bool:
-        modeling = sys.modules.get("transformers.modeling_utils")
-        return modeling is not None and isinstance(model, modeling.PreTrainedModel)
+        return loaded_instance(model, "transformers.modeling_utils", "PreTrainedModel")
 
     def blocks(self, model: nn.Module) -> list[nn.Module | None]:
         names = frozenset(getattr(model, "_no_split_modules", None) or ())
