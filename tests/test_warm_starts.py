@@ -1,7 +1,7 @@
 """`python train.py` started warm (tests/warm_starts.py) is what a test of a process needs: a
 process of its own, in a session of its own, with the test's pipes, folder and environment, its
 exit code and the signal that ended it; a start whose environment could change what the server
-imported starts cold."""
+imported starts cold. A warm start that launches ranks starts its fork server warm too."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.helpers import FAST, TRAIN, run_until, start
+from tests.helpers import FAST, TRAIN, rank_pid, run_until, session_members, start
 from tests.warm_starts import WarmProcess
 
 pytestmark = pytest.mark.slow  # a server, and the processes it forks
@@ -63,3 +64,30 @@ def test_a_worker_whose_environment_changed_starts_warm_with_it(
     assert isinstance(proc, WarmProcess)
     stdout, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and stdout.startswith("dpt: data-parallel training")
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.timeout(180)
+def test_a_warm_ddp_launch_forks_its_ranks_from_a_fork_server_started_warm(tmp_path: Path) -> None:
+    """The launcher's fork server is the template the warm start forked before `train.py`'s
+    first line (its command line is still the warm server's, not `python -c ...`): a child of
+    the launcher, as a spawned server is, and the ranks are its children."""
+    tree: dict[int, tuple[int, str]] = {}
+    launcher: list[int] = []
+
+    def look(proc: Any, _: str) -> None:
+        launcher.append(proc.pid)
+        for pid in session_members(proc.pid):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            tree[pid] = (_parent(pid), cmdline)
+
+    run = tmp_path / "run"
+    result = run_until(run, [*FAST, "strategy=ddp", "trainer.max_steps=40",
+                             "trainer.log_every_n_steps=1"], "step 2/", look)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    [server] = {tree[rank_pid(run, rank)][0] for rank in (0, 1)}
+    assert tree[server][0] == launcher[0]
+    assert "warm_starts.py" in tree[server][1] and " -c " not in tree[server][1]

@@ -275,9 +275,124 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
     sys.path[0] = os.path.dirname(script)
 
 
+# --- the fork server's template: in a warm start -------------------------------------------------
+#
+# A warm `train.py` that launches ranks starts dpt's fork server (dpt/launch/fork_server.py), which
+# Python's forkserver starts as a new interpreter, `python -c "from multiprocessing.forkserver
+# import main; main(...)"`: it imported torch and torch._dynamo again, 3.5 s of a core of its
+# 4.5 s, on every launch. So before `train.py`'s first line the warm start forks a template of
+# itself, torch imported and nothing of the run's yet, which becomes that server if the run starts
+# one: it takes the two descriptors, the environment and the folder the launcher would have
+# passed to the new interpreter, and runs its `-c` command. It is the launcher's child, as the
+# server is; the server's own set-up (it ends with its launcher, its ranks with it) runs as in a
+# new interpreter (`sys.orig_argv` says `-c` and the command). Only the first server a run starts
+# is warm, and only with the environment the run started with (plus what dpt adds for the server);
+# any other spawn is the standard one. A template never used ends with its launcher.
+
+_FORK_SERVER_COMMAND = "from multiprocessing.forkserver import main"
+_HIGH_FD = 900  # where the template keeps its descriptors, clear of those it is handed
+
+
+def _fork_server_template() -> None:
+    """In a warm start: fork the template and let the first fork server's spawn use it."""
+    import multiprocessing.util as util
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    launcher, started_with = os.getpid(), dict(os.environ)
+    template = os.fork()
+    if template == 0:
+        ours.close()
+        _be_template(theirs, launcher)  # never returns
+    theirs.close()
+    standard = util.spawnv_passfds
+
+    def spawnv_passfds(path: bytes | str, args: list[str], passfds: list[int]) -> int:
+        if not (os.fsdecode(args[-1]).startswith(_FORK_SERVER_COMMAND) and ours.fileno() >= 0
+                and os.fsdecode(path) == sys.executable
+                and _only_server_additions(started_with, dict(os.environ))):  # fmt: skip
+            return standard(path, args, passfds)
+        handed = {"command": os.fsdecode(args[-1]), "fds": list(passfds), "env": dict(os.environ),
+                  "cwd": os.getcwd(), "argv": [os.fsdecode(a) for a in args]}  # fmt: skip
+        socket.send_fds(ours, [json.dumps(handed).encode()], list(passfds))
+        ours.close()  # the template is the server now: only the first one is warm
+        return template
+
+    util.spawnv_passfds = spawnv_passfds  # type: ignore[assignment]
+
+
+def _only_server_additions(started_with: dict[str, str], now: dict[str, str]) -> bool:
+    """Whether `now` is `started_with` plus only what dpt's launcher sets for itself and its
+    ranks, read while they run: the start folder for the ranks' imports, Hydra's full errors
+    (dpt/launch/cli.py prints the short form itself), the server's launcher and Gloo's and
+    NCCL's interfaces."""
+    from dpt.launch.fork_server import LOOPBACK_VARIABLES
+    from dpt.launch.parent_death import LAUNCHER_PID
+    from dpt.user_code import IMPORT_PATH_ENV
+
+    added = (IMPORT_PATH_ENV, "HYDRA_FULL_ERROR", LAUNCHER_PID, *LOOPBACK_VARIABLES)
+    differing = {k for k in started_with.keys() | now.keys() if started_with.get(k) != now.get(k)}
+    return all(k in added and k not in started_with for k in differing)
+
+
+def _be_template(conn: socket.socket, launcher: int) -> None:
+    """Wait for the launcher's spawn, become the fork server it asked for, and exit as it does."""
+    import ctypes
+    import fcntl
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: ends with launcher
+    if os.getppid() != launcher:
+        os._exit(0)
+    kept = socket.socket(fileno=fcntl.fcntl(conn.fileno(), fcntl.F_DUPFD, _HIGH_FD))
+    conn.close()
+    try:
+        message, fds, _, _ = socket.recv_fds(kept, 1 << 20, 8)
+    except OSError:
+        message = b""
+    if not message:
+        os._exit(0)
+    handed = json.loads(message)
+    # The descriptors to the numbers the command names (as the spawn's `passfds` keeps them),
+    # by way of high numbers so that none overwrites another; all others closed.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, _HIGH_FD + 10) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for fd, number in zip(high, handed["fds"], strict=True):
+        os.dup2(fd, number, inheritable=True)
+    _close_all_but({0, 1, 2, *handed["fds"]})
+    os.chdir(handed["cwd"])
+    os.environ.clear()
+    os.environ.update(handed["env"])
+    sys.argv, sys.orig_argv = ["-c"], handed["argv"]
+    code: Any = 0
+    try:
+        exec(compile(handed["command"], "<string>", "exec"), {"__name__": "__main__"})
+    except SystemExit as exit_:
+        code = exit_.code
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
+
+
+def _close_all_but(keep: set[int]) -> None:
+    """Every descriptor closed but `keep`, as a spawn with `close_fds` leaves the new process."""
+    low = 0
+    for fd in sorted(keep):
+        if low < fd:  # an empty range would close everything above `low` (close_range(2))
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+
+
 if __name__ == "__main__":
     _request = _serve(sys.argv[1])
     if _request is not None:  # a child: run the script as `python train.py` would
         import runpy
 
+        _fork_server_template()
         runpy.run_path(os.path.abspath(_request["argv"][1]), run_name="__main__")

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from dpt.launch.parent_death import LAUNCHER_PID
 
 START_METHOD = "forkserver"
+# Gloo's and NCCL's interfaces, set to loopback for the server's ranks where the user set none.
+LOOPBACK_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 # process_exit first: the server ends with its launcher (and its ranks with it), and leaves
 # without finalization (dpt/launch/parent_death.py, process_exit.py). Then what every rank
@@ -67,8 +69,7 @@ def collectives_on_loopback() -> dict[str, str]:
     loopback = next((name for name in ("lo", "lo0") if name in names), None)
     if loopback is None:
         return {}
-    variables = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-    return {name: loopback for name in variables if name not in os.environ}
+    return {name: loopback for name in LOOPBACK_VARIABLES if name not in os.environ}
 
 
 @contextmanager
