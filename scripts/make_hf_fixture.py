@@ -59,6 +59,20 @@ def llama(folder: Path, vocab_size: int = 320, **extra: object) -> Path:
     return folder
 
 
+def neox(folder: Path, vocab_size: int = 320) -> Path:
+    """A 2-layer GPTNeoX (Pythia's layout: one fused query-key-value projection, the head saved
+    as `embed_out`) with the sums' tokenizer."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(0)
+    config = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=2, num_attention_heads=4,
+                           max_position_embeddings=64)  # fmt: skip
+    GPTNeoXForCausalLM(config).save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return folder
+
+
 def gpt2(folder: Path, vocab_size: int = 256) -> Path:
     """A 2-layer GPT-2 of `vocab_size` tokens (bytes: 256), GPT-2's own GELU and biases."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -94,7 +108,7 @@ def vit(folder: Path) -> Path:
     return folder
 
 
-KINDS = {"llama": llama, "gpt2": gpt2, "bert": bert, "vit": vit}
+KINDS = {"llama": llama, "neox": neox, "gpt2": gpt2, "bert": bert, "vit": vit}
 
 
 def main() -> None:

@@ -23,7 +23,12 @@ from tests.helpers import FAST, TRAIN, Result, hydra_sweep, run_cmd
 from tests.trackers_read import mlflow_server
 
 # The files whose tests read these runs: one work unit, one worker (tests/conftest.py).
-SHARED_RUNS = ("test_sweeps.py", "test_tensorboard.py", "test_trackers.py")
+SHARED_RUNS = (
+    "test_sweeps.py",
+    "test_tensorboard.py",
+    "test_trackers.py",
+    "test_validation_schedule.py",
+)
 
 STRATEGIES = ("ddp", "fsdp", "pipeline", "single")  # jobs 0 to 3; 2 ranks each but single
 STEPS, LOG_EVERY = 4, 2  # two points of each curve: steps 2 and 4

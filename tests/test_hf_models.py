@@ -44,12 +44,13 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (out / "sums.txt").write_text(hf_folders.SUMS)
     (out / "products.txt").write_text(hf_folders.OTHER_TEXT)
     made = {"llama": hf_folders.llama(out / "llama"), "gpt2": hf_folders.gpt2(out / "gpt2"),
-            "bert": hf_folders.bert(out / "bert"), "vit": hf_folders.vit(out / "vit")}  # fmt: skip
+            "bert": hf_folders.bert(out / "bert"), "vit": hf_folders.vit(out / "vit"),
+            "neox": hf_folders.neox(out / "neox")}  # fmt: skip
     return {**made, "out": out, "sums": out / "sums.txt", "products": out / "products.txt"}
 
 
-def llama_run(folders: dict[str, Path], *extra: str) -> list[str]:
-    return ["model=hf", f"model.path={folders['llama']}", "model.block_size=16",
+def llama_run(folders: dict[str, Path], *extra: str, family: str = "llama") -> list[str]:
+    return ["model=hf", f"model.path={folders[family]}", "model.block_size=16",
             "task=language_model", "dataset=text", f"dataset.root={folders['sums']}",
             f"dataset.cache_dir={folders['out'] / 'cache'}", *SGD, *extra]  # fmt: skip
 
@@ -74,6 +75,9 @@ def _world_runs(folders: dict[str, Path]) -> dict[str, list[str]]:
         "ddp": llama_run(folders, "strategy=ddp", per_rank, *OFF),
         "fsdp": llama_run(folders, "strategy=fsdp", per_rank, recompute, every),
         "pipeline": llama_run(folders, *pipeline, *OFF),
+        # GPTNeoX saves its head as `embed_out` (the model's `lm_head`): each rank reads its
+        # rows of it by the saved name
+        "neox-fsdp": llama_run(folders, "strategy=fsdp", per_rank, *OFF, family="neox"),
     }
 
 
@@ -92,8 +96,11 @@ def _single(run_dir: Path, overrides: list[str]) -> dict:
 def runs(folders: dict[str, Path]) -> dict[str, Path]:
     out = folders["out"]
     _single(out / "single", llama_run(folders, f"trainer.batch_size={GLOBAL_BATCH}", *OFF))
+    _single(out / "neox-single", llama_run(folders, f"trainer.batch_size={GLOBAL_BATCH}", *OFF,
+                                            family="neox"))  # fmt: skip
     spawn(_ranks, 2, free_port(), folders, nprocs=2)
-    return {name: out / name for name in ("single", "ddp", "fsdp", "pipeline")}
+    return {name: out / name for name in ("single", "ddp", "fsdp", "pipeline", "neox-single",
+                                          "neox-fsdp")}  # fmt: skip
 
 
 @pytest.mark.slow
@@ -112,6 +119,21 @@ def test_a_llama_folder_trains_under_every_strategy_as_one_process(
     kept = json.loads((runs[strategy] / HF_CONFIG_FILE).read_text())
     assert kept == json.loads((runs["single"] / HF_CONFIG_FILE).read_text())
     assert kept["model_type"] == "llama"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_gpt_neox_folder_under_fsdp_reads_its_saved_head_and_equals_one_process(
+    runs: dict[str, Path],
+) -> None:
+    one = load_weights(runs["neox-single"])
+    assert "lm_head.weight" in one  # the model's name for the saved `embed_out.weight`
+    from safetensors.torch import load_file
+
+    saved = load_file(runs["neox-single"].parent / "neox" / "model.safetensors")
+    assert "embed_out.weight" in saved and "lm_head.weight" not in saved
+    assert max_abs_diff({"w": one["lm_head.weight"]}, {"w": saved["embed_out.weight"]}) > 0
+    assert max_abs_diff(load_weights(runs["neox-fsdp"]), one) < 1e-5  # ...as under fsdp
 
 
 @pytest.mark.slow

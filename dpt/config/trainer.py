@@ -27,7 +27,8 @@ class EarlyStoppingConfig:
     # classification, binary and regression, val/map (max) for multilabel.
     metric: str = "${task.watch}"
     mode: str = one_of(WATCH_MODES, "${task.mode}")  # min or max: which way the metric is better
-    # epochs without improvement before the run stops; null: off
+    # validations without improvement before the run stops (each epoch's end, and every
+    # trainer.val_every_n_steps where set); null: off
     patience: int | None = at_least(1, None, null="off")
     min_delta: float = 0.0  # the least change of the metric that counts as an improvement
 
@@ -49,6 +50,14 @@ class TrainerConfig:
     # How often metrics are logged and printed: the ranks agree at those steps (or every 50 ms
     # where steps are faster), so a signal or a NaN is acted on within this many steps.
     log_every_n_steps: int = at_least(1, 10)
+    # Validate every this many optimizer steps too, besides at each epoch's end: the curve of a
+    # run whose epoch is long. The run's last step then validates only where it ends an epoch or
+    # falls on the schedule, so a run stopped by max_steps and resumed validates where the
+    # uninterrupted run does. null: at each epoch's end and at the run's end.
+    val_every_n_steps: int | None = at_least(1, None, null="at epoch ends only")
+    # Validate on at most this many batches of each process (the split's first ones, the same
+    # every time); null: the whole validation split.
+    val_batches: int | None = at_least(1, None, null="the whole split")
     device: str = one_of(DEVICES, "auto")  # auto (CUDA, then MPS, then CPU), cuda, mps or cpu
     # Seconds a rank waits in a collective before it fails; the run then names the rank that
     # stopped answering.

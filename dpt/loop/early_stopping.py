@@ -1,4 +1,5 @@
-"""Early stopping: end the run when a validation metric stops improving for `patience` epochs."""
+"""Early stopping: end the run when a validation metric stops improving for `patience`
+validations (epochs, or trainer.val_every_n_steps' points)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,19 @@ log = logging.getLogger("dpt")
 
 
 class EarlyStopping:
-    """Holds the best value seen and the epochs since; checkpointed with the rest of the run."""
+    """Holds the best value seen and the validations since; checkpointed with the rest of the
+    run (as `stale_epochs`, the name checkpoints have always had)."""
 
-    def __init__(self, settings: EarlyStoppingConfig, verbose: bool = True) -> None:
+    def __init__(
+        self, settings: EarlyStoppingConfig, verbose: bool = True, per: str = "epoch"
+    ) -> None:
         self.settings, self.verbose = settings, verbose  # verbose: one line from rank 0 only
+        self.per = per  # what one validation is, for the line: an epoch, or a validation
         self.best: float | None = None
         self.stale_epochs = 0
 
     def should_stop(self, val: dict[str, float]) -> bool:
-        """Called once per epoch with the world's validation metrics (the same on every rank)."""
+        """Called at each validation with the world's metrics (the same on every rank)."""
         es = self.settings
         if es.patience is None:
             return False
@@ -37,7 +42,7 @@ class EarlyStopping:
         if self.stale_epochs < es.patience:
             return False
         if self.verbose:
-            log.info(f"early stopping: {es.metric} did not improve for {es.patience} epoch(s)")
+            log.info(f"early stopping: {es.metric} did not improve for {es.patience} {self.per}(s)")
         return True
 
     def _better(self, value: float, best: float) -> bool:

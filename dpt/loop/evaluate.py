@@ -3,6 +3,7 @@ best value of each metric so far."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -32,11 +33,13 @@ class Validation:
         to_device: Callable[[torch.Tensor], torch.Tensor],
         lockstep: torch.Tensor | None,
         counted: bool = True,
+        max_batches: int | None = None,
     ) -> None:
         """`counted`: whether this rank's batches count in the world's metrics (the ranks of a
-        tensor-parallel group run the same batches: one of them counts them)."""
+        tensor-parallel group run the same batches: one of them counts them); `max_batches`:
+        each rank's first batches only (trainer.val_batches)."""
         self.loader, self.env, self.task = loader, env, task
-        self.counted = counted
+        self.counted, self.max_batches = counted, max_batches
         self.autocast, self.to_device = autocast, to_device
         self.lockstep = lockstep  # see `evaluate`
         self.last: dict[str, float] = {}
@@ -53,7 +56,7 @@ class Validation:
             return {}
         self.last = evaluate(
             model, self.loader, self.env, self.task, self.autocast, self.to_device,
-            self.lockstep, self.counted,
+            self.lockstep, self.counted, max_batches=self.max_batches,
         )  # fmt: skip
         missing = int(self.last.pop("val/missing"))
         if missing:
@@ -90,13 +93,15 @@ def evaluate(
     lockstep: torch.Tensor | None = None,
     counted: bool = True,
     on_batch: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    max_batches: int | None = None,
 ) -> dict[str, float]:
     """World-wide loss and the task's metrics; all ranks must call it. `lockstep` (one input of
     zeros; fsdp, whose every forward is a collective): every rank runs as many
     forwards as the rank with the most batches, the missing ones on that input. `counted`
     false: the forwards run (collectives of a tensor-parallel group), the metrics skip them.
     `on_batch(outputs, targets)`: sees each counted batch after the task's metrics did
-    (dpt-evaluate's per-class table, confusion matrix and scatter plot)."""
+    (dpt-evaluate's per-class table, confusion matrix and scatter plot). `max_batches`: this
+    rank's first batches only."""
     # Here: a run without validation never pays for the import.
     torchmetrics = import_torchmetrics(any_metric=task.kind == CUSTOM)
 
@@ -112,8 +117,9 @@ def evaluate(
     was_training = model.training
     model.eval()
     # Agreed before the first forward: a collective of its own amid fsdp's would mismatch them.
-    padding = _missing_forwards(len(loader), env) if lockstep is not None else 0
-    for inputs, targets, skipped in loader:
+    batches = len(loader) if max_batches is None else min(len(loader), max_batches)
+    padding = _missing_forwards(batches, env) if lockstep is not None else 0
+    for inputs, targets, skipped in itertools.islice(loader, batches):
         if not counted:  # the same forward as the counting rank's, the empty batch's too
             _forward_in_step(model, inputs if len(targets) else lockstep, autocast, to_device)
             continue

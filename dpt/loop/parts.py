@@ -159,9 +159,13 @@ def build_parts(
     trainable = finetuning.trainable_text(model)  # the whole model (a pipeline stage: a part)
     task.check(output_shape(model, data.input_shape, input_dtype(data)))  # before any step
     throughput = token_throughput(task, model, t, env)
+    # What each tensor is read from: named by the model before the strategy wraps it (FSDP2's
+    # class of its own is not the one transformers knows the saved names of).
+    reads = sharded_reads(model, shards_from, task.num_outputs) if shards_from else {}
     model = strategy.wrap(model if shards_from else model.to(env.device), env, t.precision)
     if shards_from is not None:
-        load_sharded(model, shards_from, env.device, task.num_outputs)
+        materialize(model, env.device)
+        load_shards(model, shards_from, reads)
         init_lora(model)  # materialized by transformers' init: the adapters' own, anew
     if t.compile:
         model = torch.compile(model)
@@ -189,8 +193,10 @@ def build_parts(
         diagnostics=GradDiagnostics(model, cfg.monitor.grad_diagnostics_every),
         validation=Validation(loaders.val, env, task, precision.autocast, to_device,
                               _lockstep_input(strategy, env, data),
-                              counted=strategy.counts_validation(env)),
-        early_stopping=EarlyStopping(t.early_stopping, verbose=env.is_main),
+                              counted=strategy.counts_validation(env),
+                              max_batches=t.val_batches),
+        early_stopping=EarlyStopping(t.early_stopping, verbose=env.is_main,
+                                     per="validation" if t.val_every_n_steps else "epoch"),
         best_model=BestModel(t.early_stopping.metric, t.early_stopping.mode,
                              cfg.checkpoint.save_best, run_dir, env),
         run_data=run_data(data, task),
@@ -287,13 +293,13 @@ def sharded_source(node: DictConfig, strategy: Strategy, env: DistEnv) -> Path |
     return safetensors_folder(node.get(INIT_KEY) or node.get("path"))
 
 
-def load_sharded(model: nn.Module, folder: Path, device: torch.device, num_outputs: int) -> None:
-    """The meta model, sharded, materialized and loaded slice by slice: what fits of the folder
-    (a head of another size keeps its fresh initialisation)."""
+def sharded_reads(model: nn.Module, folder: Path, num_outputs: int) -> dict[str, str]:
+    """Each of the meta model's tensors that the folder holds, with its name in the files: what
+    fits (a head of another size keeps its fresh initialisation), refused in one line else."""
     shapes = model_shapes(folder, f"model weights in {folder}")
     usable = fitting(model, shapes, f"model weights in {folder}", num_outputs)
-    materialize(model, device)
-    load_shards(model, folder, set(usable))
+    stored = {name: key for key, name in family_of(model).names_in(model, list(shapes)).items()}
+    return {name: stored.get(name, name) for name in usable}
 
 
 def _meta_model(node: DictConfig, data: DataModule, task: Task) -> nn.Module | None:

@@ -29,7 +29,7 @@ from dpt.loop.param_groups import group_lrs
 from dpt.loop.parts import Parts
 from dpt.loop.reactions import RolledBack
 from dpt.loop.strategy import skip_gradient_sync
-from dpt.observe.console import log_epoch
+from dpt.observe.console import log_epoch, log_validation
 from dpt.state.checkpoint import Committed, committed
 from dpt.state.stateful import (
     ModelState,
@@ -68,6 +68,8 @@ class Trainer:
         # The step's forwards and backwards: the loop below, or the strategy's own schedule
         # (a pipeline streams the micro-batches through its stages).
         self.run_micro_batches = parts.strategy.forward_backward or self.forward_backward
+        self.validated_at: int | None = None  # the step of this session's last validation
+        self.stopping_early = False  # a validation on the schedule called for early stopping
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -81,7 +83,7 @@ class Trainer:
                         self.position, self.settings.grad_accum_steps
                     ):
                         self.train_step(micro_batches, data_s, stop)
-                        if p.step >= self.parts.total_steps:
+                        if p.step >= self.parts.total_steps or self.stopping_early:
                             break
                 except RolledBack:  # back at a checkpoint: the epoch goes on past the spike
                     continue
@@ -118,7 +120,7 @@ class Trainer:
         self.progress.step += 1
         self.position.sample += self.global_batch
         if agreed is not None:
-            self.after_agreement(agreed, stop)
+            self.after_agreement(agreed, stop, ends_epoch_or_run)
 
     def update(self) -> None:
         """The optimizer's step, with the gradient diagnostics around it where they are due."""
@@ -193,7 +195,15 @@ class Trainer:
             self.agreement.due(step)
             or bool(every_ckpt and step % every_ckpt == 0)
             or ends_epoch_or_run
+            or self.validates_between_epochs(step, ends_epoch_or_run)
         )
+
+    def validates_between_epochs(self, step: int, ends_epoch_or_run: bool) -> bool:
+        """A step on trainer.val_every_n_steps' schedule that does not end its epoch or the run
+        (there the epoch's end validates): it validates after its agreement, before any
+        checkpoint or stop, so that one resumed from either has it."""
+        every = self.settings.val_every_n_steps
+        return bool(every and step % every == 0 and not ends_epoch_or_run)
 
     def agree(self, stop: StopRequest) -> Agreed:
         """The ranks' agreement, and the monitor's judgement of the steps it covers (the same on
@@ -215,7 +225,7 @@ class Trainer:
         judgement.apply_update = judgement.apply_update and verdict.apply_update
         return Agreed(verdict.stop, judgement, rows)
 
-    def after_agreement(self, agreed: Agreed, stop: StopRequest) -> None:
+    def after_agreement(self, agreed: Agreed, stop: StopRequest, ends_epoch_or_run: bool) -> None:
         windows = self.metrics.agreed(agreed.rows.metrics)  # the windows ended since the last
         self.progress.bad_samples += self.metrics.take_bad()
         self.check_skipped()
@@ -225,6 +235,11 @@ class Trainer:
             judgement.events += slow.events
             judgement.decisive = slow.decisive
         reactions.react(self, judgement)  # records the events; a rollback or stop raises
+        if self.validates_between_epochs(self.progress.step, ends_epoch_or_run):
+            with self.metrics.outside_windows():  # the windows time the training alone
+                self.stopping_early = self.validate()
+            if self.parts.env.is_main:
+                log_validation(self.progress.step, self.parts.validation.last)
         if agreed.stop:  # agreed; a signal arriving later waits for the next agreement
             self.interrupt(stop)
         every_ckpt = self.parts.checkpoint_every
@@ -289,17 +304,14 @@ class Trainer:
     # --- epochs -------------------------------------------------------------------------------
 
     def end_of_epoch(self) -> bool:
-        """Validate, checkpoint; returns whether early stopping triggered."""
+        """Validate (unless this step did, or the schedule skips it), checkpoint; returns
+        whether early stopping triggered."""
         finished = self.steps_left() == 0  # not cut by max_steps
-        model = self.model
-        if self.parts.validation.loader is not None:  # a pipeline's stages put together
-            model = self.parts.strategy.whole_model(self.model)
-        val = self.parts.validation.run(model)
-        stop = False
-        if not self.parts.validation.partial:  # else no metric of this epoch to go by
-            self.metrics.scalars(val, self.progress.step)
-            stop = self.parts.early_stopping.should_stop(val)
-            self.parts.best_model.update(val, self.progress.step, self.position.epoch + 1, model)
+        step, every = self.progress.step, self.settings.val_every_n_steps
+        stop = self.stopping_early
+        if self.validated_at != step and (finished or not every or step % every == 0):
+            stop = self.validate()
+        val = self.parts.validation.last if self.validated_at == step else {}
         bad_in_epoch = self.progress.bad_in_epoch()
         self.progress.bad_at_epoch_start = self.progress.bad_samples
         if self.parts.env.is_main:  # world-wide numbers: one line, not one per rank
@@ -309,6 +321,20 @@ class Trainer:
             self.position.next_epoch()
             self.save_checkpoint()
         return stop
+
+    def validate(self) -> bool:
+        """The world's validation at this step: its metrics to the trackers, early stopping's
+        and the best model's turn; returns whether early stopping triggered."""
+        model = self.model
+        if self.parts.validation.loader is not None:  # a pipeline's stages put together
+            model = self.parts.strategy.whole_model(self.model)
+        val = self.parts.validation.run(model)
+        self.validated_at = self.progress.step
+        if self.parts.validation.partial:  # no metric of this validation to go by
+            return False
+        self.metrics.scalars(val, self.progress.step)
+        self.parts.best_model.update(val, self.progress.step, self.position.epoch + 1, model)
+        return self.parts.early_stopping.should_stop(val)
 
     def steps_left(self) -> int:
         """Full steps left in the epoch in progress."""

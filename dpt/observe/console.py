@@ -18,6 +18,14 @@ def log_epoch(epoch: int, step: int, loss: float | None, val: dict[str, float], 
     log.info(" | ".join(parts))
 
 
+def log_validation(step: int, val: dict[str, float]) -> None:
+    """`step 200 validation | val loss 0.7012 | val acc1 51.20% | ...` (trainer.val_every_n_steps);
+    nothing where it had no metrics to report (a shard that could not be had)."""
+    if val:
+        metrics = [format_val(k, v) for k, v in sorted(val.items(), key=_val_order)]
+        log.info(" | ".join([f"step {step} validation", *metrics]))
+
+
 def _val_order(item: tuple[str, float]) -> tuple[bool, str]:
     return (item[0] != "val/loss", item[0])  # loss first, then accuracies
 

@@ -42,8 +42,9 @@ def materialize(model: nn.Module, device: torch.device) -> None:
             model.apply(init)
 
 
-def load_shards(model: nn.Module, folder: Path, keys: set[str]) -> None:
-    """`keys` of the folder's safetensors into the sharded model: each rank reads only its rows
+def load_shards(model: nn.Module, folder: Path, keys: dict[str, str]) -> None:
+    """The tensors `keys` names (the model's name: the files' name for it) of the folder's
+    safetensors into the sharded model: each rank reads only its rows
     of each tensor (FSDP2 shards dim 0), through safetensors' slices of the memory-mapped file.
     The file is mapped again for each tensor: pages a rank touched are unmapped with it, not
     resident until the last tensor (one mapping for all measured 1.1-1.2 of the model per rank
@@ -54,10 +55,10 @@ def load_shards(model: nn.Module, folder: Path, keys: set[str]) -> None:
               for key in stored_shapes([file])}  # fmt: skip
     with torch.no_grad():
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            key = bare_name(name)  # recomputation's wrapper: not in the files' names
-            if key in keys:
-                with safe_open(str(owners[key]), framework="pt") as opened:
-                    _copy_own_rows(tensor, opened.get_slice(key))
+            stored = keys.get(bare_name(name))  # recomputation's wrapper: not in the files
+            if stored is not None:
+                with safe_open(str(owners[stored]), framework="pt") as opened:
+                    _copy_own_rows(tensor, opened.get_slice(stored))
 
 
 def _copy_own_rows(tensor: torch.Tensor, stored: object) -> None:

@@ -57,7 +57,13 @@ class Family:
 
     def weights_in(self, model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
         """`state` (a weights source's tensors) named as `model` names them."""
-        return state
+        names = self.names_in(model, list(state))
+        return {names.get(key, key): value for key, value in state.items()}
+
+    def names_in(self, model: nn.Module, stored: list[str]) -> dict[str, str]:
+        """The stored names whose tensor `model` names otherwise, each with the model's name
+        (a rename only: the tensor as stored); {}: the same names."""
+        return {}
 
     def refused_checkpoint(self, model: nn.Module, stored: set[str]) -> str | None:
         """Why a checkpoint holding the tensors `stored` cannot resume `model`; None: it can."""

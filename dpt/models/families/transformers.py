@@ -71,6 +71,23 @@ class TransformersFamily(Family):
                 ("mlp", ("gate_proj", "up_proj"), "down_proj"),
             ))  # fmt: skip
 
+    def names_in(self, model: nn.Module, stored: list[str]) -> dict[str, str]:
+        """transformers' own renames of saved names (GPTNeoX saves its head as `embed_out`, the
+        model names it `lm_head`), and a base model's names into a model with a head (and the
+        reverse), as `from_pretrained` renames them. Tensors that transformers converts (merges
+        or splits) are left as stored. transformers 4 renamed nothing of the kind."""
+        try:
+            from transformers.conversion_mapping import get_model_conversion_mapping
+            from transformers.core_model_loading import WeightRenaming, rename_source_key
+        except ImportError:
+            return {}
+        renamings = [t for t in get_model_conversion_mapping(model)
+                     if isinstance(t, WeightRenaming)]  # fmt: skip
+        own = model.state_dict()  # shapes only: on the meta device too
+        prefix = getattr(model, "base_model_prefix", None)
+        renamed = {key: rename_source_key(key, renamings, [], prefix, own)[0] for key in stored}
+        return {key: name for key, name in renamed.items() if name != key}
+
     def lora_targets(self, model: nn.Module) -> tuple[str, ...]:
         """Its attention's query and value projections, by the names transformers' families
         give them (separate, or one fused projection)."""
