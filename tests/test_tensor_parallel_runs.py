@@ -15,18 +15,21 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from dpt.config.build import build
 from dpt.config.models import HFModelConfig
 from dpt.config.tensor_parallel import check_tensor_parallel
-from dpt.errors import ConfigError
+from dpt.errors import DptError
 from tests import hf_folders
 from tests.helpers import (
     committed_checkpoints,
+    compose,
     dpt_logger_kept,
     free_port,
     joined_world,
@@ -264,35 +267,56 @@ def test_each_rank_holds_half_of_the_split_layers(runs: Path, single: dict[str, 
             assert split[tag] == pytest.approx((one[tag] - norms_mb) / 2 + norms_mb, rel=1e-6)
 
 
-# One line each, before any rank starts: dpt.launch.validate (the catalogue runs the rest).
+# One line each, before any rank starts: on the model the launcher builds on the meta device
+# (dpt.launch.preflight; the catalogue runs dpt's own models' lines).
 
 
-def _hf(**config: object) -> object:
-    values = {"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2,
-              "intermediate_size": 64, **config}  # fmt: skip
-    return OmegaConf.merge(OmegaConf.structured(HFModelConfig), {"config": values})
+def build_strategy(degree: str) -> Any:
+    return build(compose("strategy=ddp", degree).strategy)
+
+
+def _meta_hf(kind: str, **config: object) -> torch.nn.Module:
+    import transformers
+
+    sizes = {"llama": {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 32,
+                       "intermediate_size": 64},
+             "gpt2": {"n_head": 2, "n_embd": 32},
+             "gpt_neox": {"num_attention_heads": 4, "hidden_size": 32, "intermediate_size": 64},
+             "opt": {"num_attention_heads": 4, "hidden_size": 32, "ffn_dim": 64,
+                     "word_embed_proj_dim": 32}}[kind]  # fmt: skip
+    built = transformers.AutoConfig.for_model(kind, num_hidden_layers=1, n_layer=1,
+                                              vocab_size=64, **(sizes | config))  # fmt: skip
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(built)
 
 
 @pytest.mark.parametrize(
-    ("config", "degree", "message"),
+    ("kind", "config", "degree", "message"),
     [
-        ({"intermediate_size": 65}, 2, "does not divide intermediate_size=65"),
-        ({"num_key_value_heads": 2}, 4, "does not divide num_key_value_heads=2"),
-        (
-            {"model_type": "gpt2"},
-            2,
-            "dpt has no tensor-parallel plan for model=hf of model_type=gpt2",
-        ),
+        ("llama", {"intermediate_size": 65}, 2, "does not divide intermediate_size=65"),
+        ("llama", {}, 4, "does not divide num_key_value_heads=2"),
+        ("gpt2", {}, 2, "model=hf of model_type=gpt2 projects its attention's queries, keys and "
+                        "values in one layer (c_attn), which dpt's plan does not split by heads; "
+                        "train it with strategy=fsdp or strategy=ddp"),
+        ("gpt_neox", {}, 2, "model=hf of model_type=gpt_neox projects its attention's queries, "
+                            "keys and values in one layer (query_key_value)"),
+        ("opt", {}, 2, "model=hf of model_type=opt is not a decoder in Llama's shape (an "
+                       "embedding, decoder layers taking rotary positions, a final norm and a "
+                       "head), which dpt's plan splits; train it with strategy=fsdp or "
+                       "strategy=ddp"),
     ],
-)
-def test_a_llama_config_that_does_not_split_is_one_line(
-    config: dict, degree: int, message: str
+)  # fmt: skip
+def test_a_model_that_does_not_split_is_one_line(
+    kind: str, config: dict, degree: int, message: str
 ) -> None:
-    with pytest.raises(ConfigError) as error:
-        check_tensor_parallel(_hf(**config), degree)  # type: ignore[arg-type]
+    with pytest.raises(DptError) as error:
+        build_strategy(f"strategy.tensor_parallel={degree}").check(_meta_hf(kind, **config))
     assert message in str(error.value)
+    assert str(error.value).startswith(f"strategy.tensor_parallel={degree}")
     assert "\n" not in str(error.value)
 
 
-def test_a_llama_config_that_splits_passes() -> None:
-    check_tensor_parallel(_hf(), 2)  # type: ignore[arg-type]
+def test_a_llama_that_splits_passes_and_a_config_defers_to_the_model() -> None:
+    build_strategy("strategy.tensor_parallel=2").check(_meta_hf("llama"))
+    # The config alone says nothing of a transformers model (its family does, on the model)
+    check_tensor_parallel(OmegaConf.structured(HFModelConfig), 2)  # type: ignore[arg-type]

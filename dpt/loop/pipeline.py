@@ -94,7 +94,8 @@ class Pipeline(Strategy):
     # --- the model ----------------------------------------------------------------------------
 
     def check(self, model: nn.Module) -> None:
-        """One line where the model does not cut into these stages."""
+        """One line where the model does not cut into these stages (or does not split)."""
+        super().check(model)
         cut.plan(model, self.stages * self.stages_per_rank, self.split_points)
 
     def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:

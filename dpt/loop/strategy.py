@@ -76,7 +76,12 @@ class Strategy:
     split_layout = ""  # where this rank stands in a tensor-parallel mesh, for its start line
 
     def check(self, model: nn.Module) -> None:
-        """One line where the model (built on the meta device, beforehand) cannot be wrapped."""
+        """One line where the model (built on the meta device, beforehand) cannot be wrapped:
+        under tensor parallelism, a model without a plan or with a width that does not split."""
+        if self.tensor_parallel > 1:
+            from dpt.models.tensor_plans import check_splits
+
+            check_splits(model, self.tensor_parallel)
 
     def data_env(self, env: DistEnv) -> DistEnv:
         """Where this rank's batches come from: its own share of each step, by default; under

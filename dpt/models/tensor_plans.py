@@ -10,8 +10,9 @@ of the vocabulary and the head by columns, gathered to whole logits for the task
 residual stream between blocks stays a DTensor split over the sequence.
 
 A plan is torch's own machinery (dpt/models/tensor_styles.py); a model without one is refused in
-one line. Which widths must divide by the degree is known from the config alone:
-dpt.config.tensor_parallel.
+one line, before any rank starts (`check_splits`, on the model the launcher builds on the meta
+device; dpt's own models from their config alone: dpt.config.tensor_parallel), with the widths
+that must divide by the degree.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from torch import nn
 
+from dpt.config.tensor_parallel import indivisible
 from dpt.errors import DptError
 from dpt.models.families import family_of
 from dpt.models.families.base import Plan
@@ -45,6 +47,15 @@ def parallelize(model: nn.Module, mesh: Any) -> None:
 
 
 def no_plan(model: nn.Module) -> str:
-    return (f"strategy.tensor_parallel: dpt has no tensor-parallel plan for "
-            f"{type(model).__name__} (it has plans for model=gpt and Llama-shaped "
-            "model=hf)")  # fmt: skip
+    return f"strategy.tensor_parallel: {family_of(model).no_plan_reason(model)}"
+
+
+def check_splits(model: nn.Module, degree: int) -> None:
+    """One line where `model` (built on the meta device, beforehand) has no plan, or a width the
+    plan splits does not divide by `degree`."""
+    if plan_of(model) is None:
+        raise DptError(f"strategy.tensor_parallel={degree}: "
+                       f"{family_of(model).no_plan_reason(model)}")  # fmt: skip
+    for key, width in family_of(model).split_widths(model).items():
+        if width % degree:
+            raise DptError(indivisible(degree, key, width))

@@ -51,6 +51,15 @@ class Family:
     def tensor_plan(self, model: nn.Module) -> Plan | None:
         return None
 
+    def no_plan_reason(self, model: nn.Module) -> str:
+        """Why `model` has no tensor-parallel plan (tensor_plan is None), what to do instead."""
+        return (f"dpt has no tensor-parallel plan for {type(model).__name__}; it has plans for "
+                "model=gpt and model=hf decoder-only models in Llama's shape")  # fmt: skip
+
+    def split_widths(self, model: nn.Module) -> dict[str, int]:
+        """Each width the plan splits (it must divide by the degree), by the name that sets it."""
+        return {}
+
     def lora_targets(self, model: nn.Module) -> tuple[str, ...]:
         """The layers LoRA adapts when `finetune.lora.targets` names none."""
         return ()

@@ -23,6 +23,8 @@ from dpt.models.gpt import QKV
 # (Llama, Mistral, Qwen, Gemma, OPT; BERT, RoBERTa), or one fused projection of all three
 # (GPTNeoX, Falcon; Phi-3).
 QUERY_VALUE = (("q_proj", "v_proj"), ("query", "value"), ("query_key_value",), ("qkv_proj",))
+# One layer projecting queries, keys and values together (GPTNeoX, Falcon; Phi-3; GPT-2's Conv1D).
+FUSED_ATTENTION = ("query_key_value", "qkv_proj", "c_attn")
 
 
 class TransformersFamily(Family):
@@ -48,7 +50,27 @@ class TransformersFamily(Family):
         ]
 
     def tensor_plan(self, model: nn.Module) -> Plan | None:
-        return self._parallelize if is_llama_shaped(model) else None
+        return self._parallelize if _splits_as_llama(model) else None
+
+    def no_plan_reason(self, model: nn.Module) -> str:
+        kind = f"model=hf of model_type={model.config.model_type}"
+        instead = "train it with strategy=fsdp or strategy=ddp"
+        fused = next((name.rpartition(".")[2] for name, _ in model.named_modules()
+                      if name.endswith(FUSED_ATTENTION)), None)  # fmt: skip
+        if fused is not None:
+            return (f"{kind} projects its attention's queries, keys and values in one layer "
+                    f"({fused}), which dpt's plan does not split by heads; {instead}")  # fmt: skip
+        return (
+            f"{kind} is not a decoder in Llama's shape (an embedding, decoder layers taking "
+            f"rotary positions, a final norm and a head), which dpt's plan splits; {instead}"
+        )
+
+    def split_widths(self, model: nn.Module) -> dict[str, int]:
+        config = model.config
+        heads = int(config.num_attention_heads)
+        return {"num_attention_heads": heads,
+                "num_key_value_heads": int(getattr(config, "num_key_value_heads", None) or heads),
+                "intermediate_size": int(config.intermediate_size)}  # fmt: skip
 
     def _parallelize(self, model: nn.Module, mesh: Any) -> None:
         """The attention reads its heads' count from the projections' width, so each rank
@@ -113,6 +135,18 @@ def is_llama_shaped(model: nn.Module) -> bool:
     base = getattr(model, "model", None)
     return all(hasattr(base, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")) \
         and hasattr(model, "lm_head")  # fmt: skip
+
+
+def _splits_as_llama(model: nn.Module) -> bool:
+    """In Llama's shape, with the layers Llama's plan splits: separate query, key, value and
+    output projections, and the MLP's gate, up and down projections."""
+    if not is_llama_shaped(model) or not len(model.model.layers):
+        return False
+    layer = model.model.layers[0]
+    attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    return all(hasattr(attention, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and all(
+        hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")
+    )
 
 
 def _flops_per_token(model: nn.Module, steps: int) -> float:
