@@ -244,6 +244,10 @@ def test_a_gpt_run_exports_as_gpt2(gpt_runs: dict[str, Path], tmp_path: Path) ->
     out = tmp_path / "gpt2"
     export.main([str(gpt_runs["sums"]), "--to", "hf", str(out), "--last"])
     loaded = transformers.GPT2LMHeadModel.from_pretrained(out)
+    # GPT-2's own bos/eos id (50256) is no token of a 256-byte vocabulary: the run's tokenizer
+    # (bytes) has none, so the export names none, for generate() as for the config
+    for config in (loaded.config, loaded.generation_config):
+        assert (config.bos_token_id, config.eos_token_id) == (None, None)
     ids = torch.randint(0, 256, (2, 16))
     mine = _run_model(gpt_runs["sums"], gpt_runs["sums"] / "model.pt")
     assert (_logits(loaded, ids) - _logits(mine, ids)).abs().max() < 1e-5

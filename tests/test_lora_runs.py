@@ -182,6 +182,13 @@ def test_the_merged_and_the_adapter_exports_load_with_the_runs_logits(
     export.main([str(runs["single"]), "--to", "hf", str(tmp_path / "merged")])
     merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
     assert (_logits(merged) - expected).abs().max() < 1e-5
+    # The folder's chat template (and special tokens) exported with the model
+    chat = [{"role": "user", "content": "12+34="}, {"role": "assistant", "content": "046"}]
+    source = transformers.AutoTokenizer.from_pretrained(folders["llama"])
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "merged")
+    assert exported.apply_chat_template(chat, tokenize=False) == source.apply_chat_template(
+        chat, tokenize=False
+    )
     export.main([str(runs["single"]), "--to", "peft", str(tmp_path / "adapter")])
     assert {p.name for p in (tmp_path / "adapter").iterdir()} >= {
         "adapter_config.json", "adapter_model.safetensors"}  # fmt: skip

@@ -144,20 +144,43 @@ def _to_hf(model: nn.Module, run_dir: Path, out: Path) -> str:
             f"--to hf: transformers has no class for {type(model).__name__} (a model=hf run's "
             "model or dpt's GPT); --to safetensors writes any model's weights"
         )
+    tokenizer = _tokenizer(run_dir)
+    _special_ids(hf_model, tokenizer)
     hf_model.save_pretrained(out)
-    _save_tokenizer(run_dir, out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
     return f"{type(hf_model).__name__}, from_pretrained loads it"
 
 
-def _save_tokenizer(run_dir: Path, out: Path) -> None:
-    """The run's tokenizers file as transformers' fast tokenizer (a byte-level run has none:
-    its ids are the text's UTF-8 bytes)."""
-    from dpt.data.tokenizer import RUN_FILE
+def _tokenizer(run_dir: Path) -> Any:
+    """The run's tokenizer as transformers' (None for a byte-level run: its ids are the text's
+    UTF-8 bytes): with the special tokens and chat template of the folder it came from, where
+    the run kept them."""
+    from dpt.data.tokenizer import COMPANION_FILES, RUN_FILE
 
-    if (run_dir / RUN_FILE).is_file():
-        from transformers import PreTrainedTokenizerFast
+    if not (run_dir / RUN_FILE).is_file():
+        return None
+    from transformers import PreTrainedTokenizerFast
 
-        PreTrainedTokenizerFast(tokenizer_file=str(run_dir / RUN_FILE)).save_pretrained(out)
+    if any((run_dir / name).is_file() for name in COMPANION_FILES):  # read as transformers does
+        return PreTrainedTokenizerFast.from_pretrained(run_dir)
+    return PreTrainedTokenizerFast(tokenizer_file=str(run_dir / RUN_FILE))
+
+
+def _special_ids(model: nn.Module, tokenizer: Any) -> None:
+    """The model's bos, eos and pad ids as the exported tokenizer has them; an id past the
+    vocabulary (GPT-2's 50256 on dpt's GPT of 384 tokens) or the tokenizer lacks: none."""
+    config, vocabulary = model.config, model.config.vocab_size
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        mine = getattr(tokenizer, name, None) if tokenizer is not None else None
+        current = getattr(config, name, None)
+        value = mine if mine is not None else current
+        if value is not None and not 0 <= value < vocabulary:
+            value = None
+        setattr(config, name, value)
+        generation = getattr(model, "generation_config", None)
+        if generation is not None:
+            setattr(generation, name, value)
 
 
 def _to_safetensors(model: nn.Module, out: Path) -> str:

@@ -15,6 +15,10 @@ from dpt.errors import DptError
 
 BYTES = "bytes"  # dataset.tokenizer's default: UTF-8 bytes, one token each
 RUN_FILE = "tokenizer.json"  # a run's copy of its tokenizers file, beside data.json
+# What transformers keeps beside a folder's tokenizer.json: its special tokens (eos, pad, ...)
+# and its chat template. A run keeps copies of those its tokenizer's folder has, beside its
+# copy of the tokenizer, so that an exported model's folder has them too (dpt-export).
+COMPANION_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 KEY = "dataset.tokenizer={}"  # how errors name the file by default: the config's key
 
 
@@ -113,6 +117,13 @@ class FileTokenizer(Tokenizer):
     def describe(self) -> dict[str, Any]:
         """`file`: its copy's name in a run folder (or beside token shards)."""
         return {**super().describe(), "file": RUN_FILE}
+
+    def companions(self) -> dict[str, bytes]:
+        """transformers' files beside a model folder's tokenizer.json (COMPANION_FILES)."""
+        if self.path is None or self.path.name != RUN_FILE:
+            return {}
+        found = (self.path.with_name(name) for name in COMPANION_FILES)
+        return {file.name: file.read_bytes() for file in found if file.is_file()}
 
 
 def load_tokenizer(spec: str | None, named: str = KEY) -> Tokenizer:

@@ -314,12 +314,14 @@ def _meta_model(node: DictConfig, data: DataModule, task: Task) -> nn.Module | N
 
 
 def run_files(data: DataModule, model: nn.Module) -> dict[str, bytes]:
-    """What the run keeps beside data.json: the data set's tokenizers file, a transformers
+    """What the run keeps beside data.json: the data set's tokenizers file (and the special
+    tokens and chat template of the folder it came from), a transformers
     model's config (dpt-generate and dpt-export rebuild the model from it, not from its folder),
     and how dataset=chat made text of its rows (dpt-generate renders a prompt so)."""
     tokenizer = getattr(data, "tokenizer", None)
     text = getattr(tokenizer, "text", None)
     files = {} if text is None else {tokenizer.describe()["file"]: text.encode()}
+    files |= tokenizer.companions() if hasattr(tokenizer, "companions") else {}
     config = family_of(model).transformers_config(model)
     if config is not None:
         files[HF_CONFIG_FILE] = config.encode()
