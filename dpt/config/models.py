@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING
 
 from dpt.config.checks import one_of
+from dpt.errors import ConfigError
+
+HF_CONFIG = "config.json"  # what makes a folder a transformers model's
 
 RESNET_ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101")  # model.arch of model=resnet*
 # Every model's key for its initial weights: loaded by dpt (dpt.loop.parts.initial_weights),
@@ -94,3 +98,14 @@ MODELS: dict[str, type] = {
     "gpt": GPTConfig,
     "hf": HFModelConfig,
 }
+
+
+def check_model_folder(path: str) -> Path:
+    """`model.path` as a transformers model's folder, refused in one line where it is none:
+    before anything that reads from it (dataset.tokenizer defaults to it)."""
+    folder = Path(path)
+    if not (folder / HF_CONFIG).is_file():
+        where = "no such folder" if not folder.exists() else f"no {HF_CONFIG} there"
+        raise ConfigError(f"model.path={path}: {where} (a folder written by transformers' "
+                          "save_pretrained; nothing is downloaded)")  # fmt: skip
+    return folder

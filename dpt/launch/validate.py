@@ -25,7 +25,7 @@ from dpt.config.datasets import (
     no_validation,
 )
 from dpt.config.launchers import SlurmLauncherConfig
-from dpt.config.models import TorchvisionModelConfig
+from dpt.config.models import HFModelConfig, TorchvisionModelConfig, check_model_folder
 from dpt.config.store import SCHEMAS
 from dpt.config.strategies import (
     INTERLEAVED,
@@ -77,6 +77,8 @@ def validate(cfg: DictConfig) -> None:
         check_fields(cfg[group], group)
     _validate_checkpoint(cfg.checkpoint)
     _validate_monitor(cfg.monitor, cfg.checkpoint)
+    if OmegaConf.get_type(cfg.model) is HFModelConfig and cfg.model.get("path"):
+        check_model_folder(cfg.model.path)  # before the tokenizer that defaults to it
     _validate_dataset_paths(cfg.dataset)
     _validate_outage(cfg.dataset, cfg.trainer, cfg.strategy)
     _validate_task(cfg.task, cfg.dataset, cfg.model)

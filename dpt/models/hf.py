@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from dpt.config.models import HF_CONFIG, check_model_folder
 from dpt.config.tasks import CUSTOM, LANGUAGE_MODEL, TASKS
 from dpt.errors import DptError
 from dpt.models import packed
 
-HF_CONFIG = "config.json"  # what makes a folder a transformers model's
 REMOTE_CODE_KEY = "auto_map"  # a config.json key naming the folder's own Python classes
 CAUSAL_LM, SEQUENCE, IMAGE = (
     "AutoModelForCausalLM",
@@ -84,13 +84,8 @@ def model_config(path: str | None, config: Any, trust_remote_code: bool) -> Any:
 def _folder(path: str, trust_remote_code: bool) -> Path:
     """The model folder, refused in one line where it is not one, or where it would run its
     own code without the user's leave."""
-    folder = Path(path)
+    folder = check_model_folder(path)
     config_file = folder / HF_CONFIG
-    if not config_file.is_file():
-        raise DptError(
-            f"model.path={path}: no {HF_CONFIG} there (a folder written by transformers' "
-            "save_pretrained; nothing is downloaded)"
-        )
     if REMOTE_CODE_KEY in json.loads(config_file.read_text()) and not trust_remote_code:
         raise DptError(
             f"model.path={path}: its {HF_CONFIG} runs the folder's own Python code "
