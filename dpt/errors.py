@@ -180,9 +180,14 @@ def _omegaconf_line(error: OmegaConfBaseException) -> str:
     key = getattr(error, "full_key", None) or "config"
     message = str(getattr(error, "msg", None) or error).splitlines()[0].strip()
     if isinstance(error, ConfigAttributeError | ConfigKeyError) and "not in" in message:
-        allowed = _fields(getattr(error, "object_type", None))
+        object_type = getattr(error, "object_type", None)
+        allowed = _fields(object_type)
         hint = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
-        return f"{key}: unknown key{hint}"
+        if not _is_schema(object_type):  # a config of yours: Hydra's `+` adds the key
+            return f"{key}: unknown key{hint}"
+        if not allowed:
+            hint = "; this option takes no keys"
+        return f"{key}: unknown key{hint}{options_with(key)}"
     if "does not support deletion" in message:  # `~model.hidden_dims`: a built-in's schema key
         group = key.split(".", 1)[0]
         return (
@@ -198,14 +203,37 @@ _APPEND = re.compile(r"To append to your config use (\+\S+)")
 
 def _append_hint(text: str, cause: OmegaConfBaseException) -> str:
     """A key that a config of yours lacks (no schema lists its keys: `dataset.shuffle` on your
-    data set's YAML): Hydra's way to add it, `+dataset.shuffle=false`."""
+    data set's YAML): Hydra's way to add it, `+dataset.shuffle=false`. A schema's option
+    refuses an added key all the same: no such hint there."""
     found = _APPEND.search(text)
-    if found is None or _fields(getattr(cause, "object_type", None)):
+    if found is None or _is_schema(getattr(cause, "object_type", None)):
         return ""
     return f"; add it with {found.group(1)}"
 
 
+def _is_schema(object_type: object) -> bool:
+    return isinstance(object_type, type) and dataclasses.is_dataclass(object_type)
+
+
 def _fields(object_type: object) -> list[str]:
-    if isinstance(object_type, type) and dataclasses.is_dataclass(object_type):
+    if _is_schema(object_type):
+        assert isinstance(object_type, type)
         return [f.name for f in dataclasses.fields(object_type) if not f.name.startswith("_")]
     return []
+
+
+def options_with(key: str) -> str:
+    """`; strategy=ddp, strategy=fsdp take it`: the group's options whose schema has the key
+    (`strategy.tensor_parallel` under strategy=single); "" where none or not a group's key."""
+    from hydra.core.config_store import ConfigStore
+
+    group, _, name = key.partition(".")
+    if not name or "." in name:
+        return ""
+    options = ConfigStore.instance().repo.get("schema", {}).get(group, {})
+    # keys(): a key whose schema value is MISSING is not `in` its DictConfig
+    having = sorted(f"{group}={option.removesuffix('.yaml')}" for option, stored in options.items()
+                    if name in getattr(stored, "node", {}).keys())  # noqa: SIM118  # fmt: skip
+    if not having:
+        return ""
+    return f"; {', '.join(having)} take{'s' if len(having) == 1 else ''} it"

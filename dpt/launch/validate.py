@@ -41,7 +41,7 @@ from dpt.config.tasks import CLASSIFICATION, CUSTOM, task_higher_is_better, task
 from dpt.config.tensor_parallel import check_tensor_parallel
 from dpt.config.trainer import objectives
 from dpt.data.tokenizer import BYTES, RUN_FILE, tokenizer_file
-from dpt.errors import ConfigError
+from dpt.errors import ConfigError, options_with
 from dpt.launch.logger_checks import check_loggers
 from dpt.tasks import fit
 from dpt.user_code import check_importable, check_moved
@@ -468,6 +468,7 @@ def _check_node_keys(path: str, node: Any, nested: bool = True) -> None:
     for key in node:
         if key not in allowed and key != "hydra":
             names = ", ".join(a for a in allowed if not a.startswith("_"))
-            raise ConfigError(f"{path}{key}: unknown key; allowed keys: {names}")
+            hint = f"allowed keys: {names}" if names else "this option takes no keys"
+            raise ConfigError(f"{path}{key}: unknown key; {hint}{options_with(f'{path}{key}')}")
         if nested:
             _check_node_keys(f"{path}{key}.", node._get_node(key))
