@@ -107,6 +107,17 @@ def one_line(error: BaseException) -> str:
     return " ".join(kept).split(" provider=")[0]
 
 
+def clipped(text: str, limit: int = 300) -> str:
+    """`text` within `limit` characters, cut after a whole sentence (or at a space): never
+    inside a word or a link."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    sentence = max(head.rfind(". "), head.rfind("; "))
+    end = sentence + 1 if sentence > limit // 2 else head.rfind(" ")
+    return head[: end if end > 0 else limit].rstrip() + " ..."
+
+
 def _options(group: str) -> str:
     """The options dpt ships for a config group (its YAML files under dpt/conf/<group>)."""
     from importlib.resources import files
@@ -130,9 +141,9 @@ def _ambiguous_line(override: str) -> str:
     """`key=a,b` outside a sweep: Hydra cannot tell a list, a sweep and a text with a comma."""
     key, value = override.split("=", 1)
     return (
-        f"{override}: a comma makes {key}'s value a sweep (with -m) or, in brackets, a list; "
-        f"to mean the text, quote it for Hydra and the whole override for the shell: "
-        f"\"{key}='{value}'\""
+        f"{override}: a comma makes {key}'s value a sweep (with -m); a list is in brackets, "
+        f"{key}=[{value}]; to mean the text, quote it for Hydra and the whole override for the "
+        f"shell: \"{key}='{value}'\""
     )
 
 

@@ -100,3 +100,16 @@ def test_cfg_job_prints_the_config(tmp_path: Path) -> None:
     assert result.returncode == 0, result.output
     assert "_target_: dpt.loop.strategy.DDP" in result.stdout
     assert "batch_size: 16" in result.stdout
+
+
+def test_a_long_reason_is_cut_after_a_sentence_never_inside_a_link() -> None:
+    from dpt.errors import clipped
+
+    reason = ("Model registry functionality is unavailable; got unsupported URI 'htp://x' for "
+              "model registry data storage. Supported URI schemes are: ['', 'file', "
+              "'databricks', 'http', 'https', 'postgresql', 'mysql', 'sqlite', 'mssql']. See "
+              "https://www.mlflow.org/docs/latest/tracking.html#where-runs-get-recorded")  # fmt: skip
+    cut = clipped(reason, 300)
+    assert len(cut) <= 304 and cut.endswith("'mssql']. ...")
+    assert clipped("short", 300) == "short"
+    assert clipped("x" * 50 + " https://example.com/a/very/long/link", 60) == "x" * 50 + " ..."

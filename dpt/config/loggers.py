@@ -13,6 +13,10 @@ WANDB_MODES = ("offline", "online", "disabled")
 # The trackers that need a package of their own (`pip install 'dpt[mlflow]'`): imported only
 # by a run that names them.
 EXTRAS = {MLFLOW: "mlflow", WANDB: "wandb"}
+# The URI schemes MLflow's tracking stores take ("": a path, a file store; a database's with
+# its driver too: postgresql+psycopg2://).
+MLFLOW_SCHEMES = ("", "file", "http", "https", "sqlite", "postgresql", "mysql", "mssql",
+                  "databricks")  # fmt: skip
 
 
 @dataclass

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from omegaconf import DictConfig, OmegaConf
 
-from dpt.config.loggers import EXTRAS, MLFLOW, chosen
+from dpt.config.loggers import EXTRAS, MLFLOW, MLFLOW_SCHEMES, chosen
 from dpt.errors import ConfigError
 from dpt.observe.trackers.opening import needs_package
 
@@ -25,7 +25,20 @@ def check_loggers(cfg: DictConfig) -> None:
         if name in EXTRAS and importlib.util.find_spec(EXTRAS[name]) is None:
             raise needs_package(name)
     if OmegaConf.select(logger, MLFLOW) is not None:
+        check_scheme(str(logger.mlflow.tracking_uri))
         check_reachable(str(logger.mlflow.tracking_uri))
+
+
+def check_scheme(uri: str) -> None:
+    """A scheme MLflow has a tracking store for (a typo, `htp://`, is found here, not once the
+    model is built)."""
+    scheme = urlsplit(uri).scheme
+    if scheme.split("+")[0] not in MLFLOW_SCHEMES:
+        raise ConfigError(
+            f"logger.mlflow.tracking_uri={uri}: MLflow has no tracking store for {scheme}://; "
+            "use http(s)://host:port (a server), sqlite:///file.db, a folder, or a database's "
+            "URI (postgresql://, mysql://, mssql://)"
+        )
 
 
 def check_reachable(uri: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from dpt.config.loggers import MLFLOW
-from dpt.errors import Abort, DptError, one_line
+from dpt.errors import Abort, DptError, clipped, one_line
 from dpt.observe.trackers.ids import read_ids, write_ids
 from dpt.observe.trackers.opening import HINTS, needs_package
 from dpt.state.sweep_folder import SUMMARY_CSV, SUMMARY_PNG
@@ -25,8 +25,9 @@ def open_sweep(config: DictConfig, sweep_dir: Path) -> None:
     except ImportError:
         raise Abort(needs_package(MLFLOW)) from None
     except Exception as error:
-        raise Abort(DptError(f"logger {MLFLOW}: the sweep's run could not start "
-                             f"({one_line(error)[:300]}); {HINTS[MLFLOW]}")) from error  # fmt: skip
+        why = clipped(one_line(error))
+        raise Abort(DptError(f"logger {MLFLOW}: the sweep's run could not start ({why}); "
+                             f"{HINTS[MLFLOW]}")) from error  # fmt: skip
     write_ids(sweep_dir, {**read_ids(sweep_dir), MLFLOW: ids})
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dpt.config.loggers import CSV, EXTRAS, MLFLOW, TENSORBOARD, WANDB, chosen
-from dpt.errors import DptError, one_line
+from dpt.errors import DptError, clipped, one_line
 from dpt.observe.trackers.fanout import Trackers
 from dpt.observe.trackers.ids import read_ids, write_ids
 from dpt.observe.trackers.tracker import RunInfo, Tracker
@@ -61,7 +61,7 @@ def open_trackers(logger: Any, info: RunInfo) -> Trackers:
             _give_up(trackers)
             if isinstance(error, ImportError) and name in EXTRAS and EXTRAS[name] in str(error):
                 raise needs_package(name) from None
-            raise DptError(f"logger {name}: its run could not start ({one_line(error)[:300]}); "
+            raise DptError(f"logger {name}: its run could not start ({clipped(one_line(error))}); "
                            f"{HINTS[name]}") from error  # fmt: skip
         trackers.append(tracker)
     if trackers:
