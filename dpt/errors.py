@@ -54,6 +54,7 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+_PICKLED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
 _UNPICKLER = re.compile(
     r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|Check the documentation|$)", re.S
 )
@@ -64,6 +65,9 @@ def torch_load_reason(error: BaseException) -> str:
     with it, without torch's advice to load it with weights_only=False (which runs any code a
     damaged or hostile file holds)."""
     text = str(error)
+    pickled = _PICKLED_GLOBAL.search(text)
+    if pickled:  # readable, but holding an object to import: code that would run
+        return f"it pickles {pickled.group(1)}, not only tensors"
     found = _UNPICKLER.search(text)
     if found:
         detail = " ".join(found.group(1).split())

@@ -118,3 +118,29 @@ def test_dpt_export_to_hf_refuses_a_model_transformers_has_no_class_for(
     saved = load_file(tmp_path / "weights" / "model.safetensors")
     best = torch.load(run_dir / "model_best.pt", weights_only=True)
     assert saved.keys() == best.keys() and all(torch.equal(saved[k], best[k]) for k in best)
+
+
+@pytest.mark.timeout(120)
+def test_a_weights_file_that_pickles_code_is_refused_naming_the_folder(
+    made: dict[str, Path], tmp_path: Path
+) -> None:
+    """transformers reads a folder's pytorch_model.bin with torch.load(weights_only=True): an
+    object to import in it (here `print`) is refused, and the line says which folder and what
+    to do, not torch's paragraph on weights_only."""
+    import torch
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "pickled"
+    shutil.copytree(made["llama"], folder)
+    weights = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save({**weights, "callable": print}, folder / "pytorch_model.bin")
+    run_dir = tmp_path / "run"
+    result = train_in_process("model=hf", f"model.path={folder}", *_text(made),
+                              "trainer.max_steps=1", f"hydra.run.dir={run_dir}")  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"Error: model.path={folder}: its pickled weights file cannot be read as tensors alone "
+        "(it pickles print, not only tensors); dpt runs no code from a weights file: save the "
+        "weights as safetensors (save_pretrained(folder) writes model.safetensors)"
+    )

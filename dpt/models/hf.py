@@ -16,6 +16,7 @@ transformers is imported only here, by runs of `model=hf`.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from torch import nn
 
 from dpt.config.models import HF_CONFIG, check_model_folder
 from dpt.config.tasks import CUSTOM, LANGUAGE_MODEL, TASKS
-from dpt.errors import DptError
+from dpt.errors import DptError, torch_load_reason
 from dpt.models import packed
 
 REMOTE_CODE_KEY = "auto_map"  # a config.json key naming the folder's own Python classes
@@ -125,6 +126,12 @@ def _build(auto: str, hf_config: Any, path: str | None, trust_remote_code: bool)
             return cls.from_config(hf_config, **options)
         return cls.from_pretrained(path, config=hf_config, dtype=torch.float32,
                                    ignore_mismatched_sizes=True, **options)  # fmt: skip
+    except pickle.UnpicklingError as error:  # a pickled weights file holding code, or damaged
+        raise DptError(
+            f"model.path={path}: its pickled weights file cannot be read as tensors alone "
+            f"({torch_load_reason(error)}); dpt runs no code from a weights file: save the "
+            "weights as safetensors (save_pretrained(folder) writes model.safetensors)"
+        ) from error
     except ValueError as error:
         if "Unrecognized configuration class" not in str(error):
             raise
