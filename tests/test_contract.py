@@ -152,6 +152,8 @@ def test_max_steps_sets_the_runs_length_by_itself() -> None:
     settings = RunConfig.of(compose("trainer.epochs=2")).trainer
     assert planned_steps(Loaders(), settings, 1) == 20
     assert run_length(settings, 20, 10) == "20 steps (2 epochs of 10 steps)"
+    settings = RunConfig.of(compose("trainer.epochs=1")).trainer
+    assert run_length(settings, 1, 1) == "1 step (1 epoch of 1 step)"
 
 
 def test_the_best_model_follows_the_watched_metric(tmp_path: Path) -> None:

@@ -24,11 +24,12 @@ SCHEDULE = [*FAST, "trainer.batch_size=16", "trainer.val_every_n_steps=20",
 POINTS = [20, 40, 60]
 
 
-def _run(run_dir: Path, uri: str, steps: int) -> None:
+def _run(run_dir: Path, uri: str, steps: int) -> str:
     result = run_train(run_dir, *SCHEDULE, f"trainer.max_steps={steps}",
                        "logger=[tensorboard,mlflow]",
                        f"logger.mlflow.tracking_uri={uri}")  # fmt: skip
     assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 def _tb_points(run_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -42,7 +43,9 @@ def runs(mlflow_uri: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     root = tmp_path_factory.mktemp("validation_schedule")
     _run(root / "whole", mlflow_uri, 60)
     _run(root / "resumed", mlflow_uri, 30)  # stopped by max_steps at step 30...
-    _run(root / "resumed", mlflow_uri, 60)  # ...and resumed to 60 in its folder
+    resumed = _run(root / "resumed", mlflow_uri, 60)  # ...and resumed to 60 in its folder
+    # The done line counts the steps this process trained, and says where the run stands
+    assert "done: 30 steps (resumed at step 30, now at 60) in " in resumed
     return {"whole": root / "whole", "resumed": root / "resumed"}
 
 

@@ -44,6 +44,7 @@ from dpt.models.meta import output_shape
 from dpt.models.weights import fit_state, fitting
 from dpt.monitor.grad_diagnostics import GradDiagnostics
 from dpt.monitor.monitor import Monitor
+from dpt.observe.console import count
 from dpt.observe.dashboard import TbPlace, one_run
 from dpt.observe.flops import Throughput, peak_tflops
 from dpt.observe.logs import setup_logging
@@ -388,10 +389,11 @@ def length_key(settings: TrainerConfig) -> str:
 def run_length(settings: TrainerConfig, total_steps: int, per_epoch: int) -> str:
     """What ends the run, for its first line: trainer.max_steps, when set, alone (the epochs
     then run on as long as it takes), else trainer.epochs."""
+    steps, epoch = count(total_steps, "step"), count(per_epoch, "step")
     if settings.max_steps:
-        return (f"{total_steps} steps (trainer.max_steps; {total_steps / per_epoch:.3g} epochs "
-                f"of {per_epoch} steps, trainer.epochs not used)")  # fmt: skip
-    return f"{total_steps} steps ({settings.epochs} epochs of {per_epoch} steps)"
+        return (f"{steps} (trainer.max_steps; {total_steps / per_epoch:.3g} epochs of {epoch}, "
+                "trainer.epochs not used)")  # fmt: skip
+    return f"{steps} ({count(settings.epochs, 'epoch')} of {epoch})"
 
 
 def _lockstep_input(strategy: Strategy, env: DistEnv, data: DataModule) -> torch.Tensor | None:

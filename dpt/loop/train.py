@@ -24,6 +24,7 @@ from dpt.loop.interrupt import Interrupted
 from dpt.loop.parts import Parts, RunConfig, build_parts, length_key, run_length
 from dpt.loop.trainer import Trainer, TrainResult
 from dpt.observe import dashboard
+from dpt.observe.console import count
 from dpt.observe.logs import setup_logging
 from dpt.observe.metrics import Speed, done_speeds
 from dpt.observe.trackers import Trackers
@@ -94,8 +95,11 @@ def _fit(
         # All ranks: fsdp gathers the shards to rank 0, a pipeline its stages.
         weights = full_state_dict(parts.strategy.whole_model(parts.model))
         if env.is_main:
+            resumed = result.steps - result.session_steps
+            since = f" (resumed at step {resumed}, now at {result.steps})" if resumed else ""
             log.info(
-                f"done: {result.steps} steps in {result.wall_time_s:.1f} s | "
+                f"done: {count(result.session_steps, 'step')}{since} in "
+                f"{result.wall_time_s:.1f} s | "
                 f"{done_speeds(steady, whole)} | final loss {_fmt(result.final_loss)} | "
                 f"run folder {parts.run_dir}"
             )

@@ -43,7 +43,8 @@ from dpt.targets import IGNORE_INDEX
 
 @dataclass
 class TrainResult:
-    steps: int
+    steps: int  # the run's, a resumed one's earlier sessions' too
+    session_steps: int  # this session's
     samples: int  # world-wide, in this session
     wall_time_s: float
     final_loss: float | None
@@ -69,12 +70,14 @@ class Trainer:
         # (a pipeline streams the micro-batches through its stages).
         self.run_micro_batches = parts.strategy.forward_backward or self.forward_backward
         self.validated_at: int | None = None  # the step of this session's last validation
+        self.first_step = 0  # the step this session started from (fit sets it)
         self.stopping_early = False  # a validation on the schedule called for early stopping
 
     # --- the loop ---------------------------------------------------------------------------
 
     def fit(self) -> TrainResult:
         p, start, stopped_early = self.progress, time.perf_counter(), False
+        self.first_step = p.step  # where this session starts (a resumed run's checkpoint)
         with stop_on_signals() as stop, self.stops_without_data():
             while not stopped_early and p.step < self.parts.total_steps:  # epochs or max_steps
                 self.model.train()
@@ -343,6 +346,7 @@ class Trainer:
     def result(self, wall_time_s: float, stopped_early: bool) -> TrainResult:
         return TrainResult(
             steps=self.progress.step,
+            session_steps=self.progress.step - self.first_step,
             samples=self.metrics.world_samples,
             wall_time_s=wall_time_s,
             final_loss=self.metrics.last_world_loss,

@@ -18,6 +18,11 @@ def log_epoch(epoch: int, step: int, loss: float | None, val: dict[str, float], 
     log.info(" | ".join(parts))
 
 
+def count(number: int, noun: str) -> str:
+    """`1 step`, `2 steps`, `1,024 steps`."""
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
+
+
 def log_validation(step: int, val: dict[str, float]) -> None:
     """`step 200 validation | val loss 0.7012 | val acc1 51.20% | ...` (trainer.val_every_n_steps);
     nothing where it had no metrics to report (a shard that could not be had)."""
