@@ -95,3 +95,26 @@ def test_a_model_dpt_knows_only_by_its_parts(model: nn.Module) -> None:
     assert (answers["blocks"], answers["plan"], answers["lora"]) == (0, False, ())
     assert answers["units"] == (["0"] if isinstance(model, nn.Sequential) else None)
     assert family_of(model).as_transformers(model) is None
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"])
+def test_a_decoders_pipeline_units_in_turn_compute_its_forward(kind: str) -> None:
+    """What the pipeline's stages compute, run in one process: the model's own logits, or no
+    units at all (Gemma 2 soft-caps its logits and attention in its forward: dpt does not cut
+    it). The model is built as dpt builds it (Gemma 2 with its own attention, not SDPA)."""
+    from dpt.models.hf import build_auto
+    from scripts.family_table import tiny_config
+
+    torch.manual_seed(0)
+    model = build_auto("AutoModelForCausalLM", tiny_config(kind)).eval()
+    units = family_of(model).units(model)
+    if kind == "gemma2":
+        assert units is None
+        return
+    assert units is not None
+    ids = torch.randint(0, 64, (2, 12))
+    with torch.no_grad():
+        x = ids
+        for unit in units:
+            x = unit.run(model, x)
+        assert (x - model(ids).logits).abs().max() < 1e-5

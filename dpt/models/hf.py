@@ -29,6 +29,8 @@ from dpt.errors import DptError, torch_load_reason
 from dpt.models import packed
 
 REMOTE_CODE_KEY = "auto_map"  # a config.json key naming the folder's own Python classes
+# transformers' refusal of SDPA for a model whose attention it cannot express (soft-capping)
+NO_SDPA = "does not support an attention implementation through torch.nn.functional"
 CAUSAL_LM, SEQUENCE, IMAGE = (
     "AutoModelForCausalLM",
     "AutoModelForSequenceClassification",
@@ -115,12 +117,28 @@ def _check_vocabulary(tokens: int, hf_config: Any, path: str | None) -> None:
         )
 
 
+def build_auto(auto: str, hf_config: Any) -> nn.Module:
+    """A fresh model of transformers' Auto class `auto` for `hf_config`, as dpt builds it."""
+    return _build(auto, hf_config, None, trust_remote_code=False)
+
+
 def _build(auto: str, hf_config: Any, path: str | None, trust_remote_code: bool) -> nn.Module:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # one bar per rank per load: noise in logs
     cls = getattr(transformers, auto)
     options = {"trust_remote_code": trust_remote_code, "attn_implementation": "sdpa"}
+    try:
+        return _built(cls, hf_config, path, options)
+    except ValueError as error:
+        if NO_SDPA not in str(error):
+            raise
+    # Its own attention (Gemma 2's soft-capped one), named: the failed try left SDPA in the config
+    return _built(cls, hf_config, path, options | {"attn_implementation": "eager"})
+
+
+def _built(cls: Any, hf_config: Any, path: str | None, options: dict[str, Any]) -> nn.Module:
+    auto = cls.__name__
     try:
         if path is None or _on_meta():  # the pre-run check's shapes: no weights read
             return cls.from_config(hf_config, **options)

@@ -38,7 +38,7 @@ class TransformersFamily(Family):
     def units(self, model: nn.Module) -> list[Unit] | None:
         """Its embedding, each decoder layer (with the rotary embedding, which holds no
         parameters, so that every stage computes its positions) and its norm with the head."""
-        if not is_llama_shaped(model):
+        if not is_llama_shaped(model) or _soft_capped(model):
             return None
         layers = [Unit(f"model.layers.{i}", (f"model.layers.{i}", "model.rotary_emb"),
                        functools.partial(_run_layer, index=i))
@@ -60,6 +60,9 @@ class TransformersFamily(Family):
         if fused is not None:
             return (f"{kind} projects its attention's queries, keys and values in one layer "
                     f"({fused}), which dpt's plan does not split by heads; {instead}")  # fmt: skip
+        if _soft_capped(model):
+            return (f"{kind} soft-caps its attention scores and logits, which dpt's plan does "
+                    f"not split yet; {instead}")  # fmt: skip
         return (
             f"{kind} is not a decoder in Llama's shape (an embedding, decoder layers taking "
             f"rotary positions, a final norm and a head), which dpt's plan splits; {instead}"
@@ -137,10 +140,18 @@ def is_llama_shaped(model: nn.Module) -> bool:
         and hasattr(model, "lm_head")  # fmt: skip
 
 
+def _soft_capped(model: nn.Module) -> bool:
+    """Gemma 2's logits and attention scores are soft-capped in its forward, with masks of its
+    own: units that run its layers and head alone would compute another model."""
+    config = model.config
+    return any(getattr(config, key, None) for key in ("final_logit_softcapping",
+                                                       "attn_logit_softcapping"))  # fmt: skip
+
+
 def _splits_as_llama(model: nn.Module) -> bool:
     """In Llama's shape, with the layers Llama's plan splits: separate query, key, value and
     output projections, and the MLP's gate, up and down projections."""
-    if not is_llama_shaped(model) or not len(model.model.layers):
+    if not is_llama_shaped(model) or _soft_capped(model) or not len(model.model.layers):
         return False
     layer = model.model.layers[0]
     attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
