@@ -144,3 +144,27 @@ def test_a_weights_file_that_pickles_code_is_refused_naming_the_folder(
         "(it pickles print, not only tensors); dpt runs no code from a weights file: save the "
         "weights as safetensors (save_pretrained(folder) writes model.safetensors)"
     )
+
+
+def test_an_exports_special_ids_are_the_tokenizers_and_within_the_vocabulary() -> None:
+    """dpt-export --to hf sets the model's bos, eos and pad ids: the tokenizer's, none past the
+    vocabulary, and an image model (no vocabulary) keeps its own."""
+    import transformers
+
+    from dpt.commands.export import _special_ids
+
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=256, n_layer=1,
+                                                                n_embd=8, n_head=2))  # fmt: skip
+    _special_ids(gpt2, None)  # a byte-level run: no tokenizer, and 50256 is no byte
+    assert (gpt2.config.bos_token_id, gpt2.config.eos_token_id) == (None, None)
+
+    class Tokenizer:
+        bos_token_id, eos_token_id, pad_token_id = 1, 2, None
+
+    _special_ids(gpt2, Tokenizer())
+    assert (gpt2.config.eos_token_id, gpt2.generation_config.eos_token_id) == (2, 2)
+    vit = transformers.ViTForImageClassification(transformers.ViTConfig(
+        hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+        image_size=8, patch_size=4, pad_token_id=0))  # fmt: skip
+    _special_ids(vit, None)
+    assert vit.config.pad_token_id == 0

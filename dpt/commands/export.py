@@ -170,12 +170,12 @@ def _tokenizer(run_dir: Path) -> Any:
 def _special_ids(model: nn.Module, tokenizer: Any) -> None:
     """The model's bos, eos and pad ids as the exported tokenizer has them; an id past the
     vocabulary (GPT-2's 50256 on dpt's GPT of 384 tokens) or the tokenizer lacks: none."""
-    config, vocabulary = model.config, model.config.vocab_size
+    config = model.config
+    vocabulary = getattr(config, "vocab_size", None)  # an image model has none
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         mine = getattr(tokenizer, name, None) if tokenizer is not None else None
-        current = getattr(config, name, None)
-        value = mine if mine is not None else current
-        if value is not None and not 0 <= value < vocabulary:
+        value = mine if mine is not None else getattr(config, name, None)
+        if value is not None and vocabulary is not None and not 0 <= value < vocabulary:
             value = None
         setattr(config, name, value)
         generation = getattr(model, "generation_config", None)
