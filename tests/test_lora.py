@@ -26,6 +26,7 @@ from dpt.models.lora import (
     is_lora_key,
     merged_state,
     peft_files,
+    transposed_layers,
 )
 from tests import hf_folders
 
@@ -440,3 +441,38 @@ def test_dpt_export_to_peft_refuses_a_run_without_lora(
         f"Error: --to peft: {run} trained no LoRA adapters (its finetune.lora.rank is 0); "
         "--to hf or --to safetensors writes its model"
     )
+
+
+def test_gpt2s_conv1d_projections_take_adapters_that_merge_and_load_in_peft(tmp_path: Path) -> None:
+    """transformers' GPT-2 projects with Conv1D (its weight in x out): with no targets named,
+    LoRA adapts its fused c_attn, as peft does by default; the merged weights (transposed back)
+    and peft's files (fan_in_fan_out) give the adapted model's logits."""
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    folder = hf_folders.gpt2(tmp_path / "gpt2")
+    model = transformers.GPT2LMHeadModel.from_pretrained(folder)
+    names = add_lora(model, RANK, ALPHA, 0.0, [])
+    assert names == ["transformer.h.0.attn.c_attn", "transformer.h.1.attn.c_attn"]
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    for _ in range(3):
+        loss = nn.functional.cross_entropy(model(IDS).logits[0, :-1], IDS[0, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        expected = model(IDS).logits
+    plain = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    plain.load_state_dict(merged_state(model.state_dict(), ALPHA / RANK, transposed_layers(model)))
+    with torch.no_grad():
+        assert (plain(IDS).logits - expected).abs().max() < 1e-5
+    config, tensors = peft_files(model.state_dict(), RANK, ALPHA, 0.0, [], str(folder),
+                                 "CAUSAL_LM", fan_in_fan_out=True)  # fmt: skip
+    assert config["target_modules"] == ["c_attn"]
+    (tmp_path / PEFT_CONFIG).write_text(json.dumps(config))
+    save_file(tensors, tmp_path / PEFT_WEIGHTS)
+    base = transformers.GPT2LMHeadModel.from_pretrained(folder)
+    loaded = peft.PeftModel.from_pretrained(base, tmp_path).eval()
+    with torch.no_grad():
+        assert (loaded(IDS).logits - expected).abs().max() < 1e-5

@@ -98,9 +98,10 @@ def run(args: argparse.Namespace) -> None:
 def _merged(adapted: nn.Module, plain: nn.Module, scaling: float) -> nn.Module:
     """`plain` (the run's model without adapters) holding `adapted`'s weights, merged."""
     from dpt.commands.run_model import load_into
-    from dpt.models.lora import merged_state
+    from dpt.models.lora import merged_state, transposed_layers
 
-    load_into(plain, merged_state(adapted.state_dict(), scaling), "the merged weights")
+    merged = merged_state(adapted.state_dict(), scaling, transposed_layers(adapted))
+    load_into(plain, merged, "the merged weights")
     return plain
 
 
@@ -110,11 +111,12 @@ def _to_peft(model: nn.Module, lora: RunLora, task: str, out: Path) -> str:
     from safetensors.torch import save_file
 
     from dpt.models.families import family_of
-    from dpt.models.lora import PEFT_CONFIG, PEFT_WEIGHTS, peft_files
+    from dpt.models.lora import PEFT_CONFIG, PEFT_WEIGHTS, peft_files, transposed_layers
 
     kind = family_of(model).peft_task_type(task)
+    transposed = bool(transposed_layers(model))
     config, tensors = peft_files(model.state_dict(), lora.rank, lora.alpha, lora.dropout,
-                                 lora.targets, lora.base, kind)  # fmt: skip
+                                 lora.targets, lora.base, kind, transposed)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     save_file(tensors, out / PEFT_WEIGHTS, metadata={"format": "pt"})

@@ -20,7 +20,7 @@ class LoraConfig:
     # Linear layers that get adapters, by name pattern (fnmatch) of the whole name or its last
     # parts; []: the attention's query and value projections, as the model's family names them
     # ([q_proj, v_proj] in dpt's GPT and Llama's shape, [query, value] in BERT's,
-    # [query_key_value] in GPTNeoX's and Falcon's).
+    # [query_key_value] in GPTNeoX's and Falcon's, [c_attn] in GPT-2's, a Conv1D).
     targets: list[str] = field(default_factory=list)
 
 

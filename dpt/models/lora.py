@@ -1,6 +1,7 @@
 """LoRA (low-rank adapters, Hu et al. 2021) on any model's linear layers, dpt's own.
 
-Each chosen `nn.Linear` gets two submodules, `lora_A` (in -> rank) and `lora_B` (rank -> out),
+Each chosen linear layer (an `nn.Linear`, or transformers' `Conv1D`, GPT-2's, whose weight is
+stored transposed: in x out) gets two submodules, `lora_A` (in -> rank) and `lora_B` (rank -> out),
 and a forward hook that adds `lora_B(lora_A(dropout(x))) * alpha / rank` to its output. The base
 layer is left as it is, so the model's state-dict keys are unchanged (`<name>.weight`, a base
 file loads as before) and the adapters' are `<name>.lora_A.weight` and `<name>.lora_B.weight`:
@@ -39,7 +40,7 @@ def add_lora(
     (fnmatch of the whole name or of its last parts: `q_proj`, `h.*.attn.v_proj`; none: those
     the model's family names, its attention's query and value projections); every other
     parameter frozen. The adapted layers' names; a pattern that matches none is refused."""
-    linears = _linear_layers(model)
+    linears = linear_layers(model)
     if not targets:
         from dpt.models.families import family_of
 
@@ -62,13 +63,32 @@ def add_lora(
     return chosen
 
 
-def _linear_layers(model: nn.Module) -> dict[str, nn.Linear]:
+def linear_layers(model: nn.Module) -> dict[str, nn.Module]:
     """The model's linear layers by name, adapters excluded (a second `add_lora` adds none)."""
     return {name: module for name, module in model.named_modules()
-            if isinstance(module, nn.Linear) and name.rpartition(".")[2] not in (A, B)}  # fmt: skip
+            if _features(module) and name.rpartition(".")[2] not in (A, B)}  # fmt: skip
 
 
-def _chosen(linears: dict[str, nn.Linear], targets: Sequence[str]) -> list[str]:
+def _features(layer: nn.Module) -> tuple[int, int] | None:
+    """A linear layer's (in, out) features; None for any other module."""
+    if isinstance(layer, nn.Linear):
+        return layer.in_features, layer.out_features
+    from dpt.models.families.base import is_conv1d
+
+    if is_conv1d(layer):
+        rows, columns = layer.weight.shape
+        return rows, columns
+    return None
+
+
+def transposed_layers(model: nn.Module) -> set[str]:
+    """The names of `model`'s linear layers whose weight is stored in x out."""
+    from dpt.models.families.base import is_conv1d
+
+    return {name for name, layer in model.named_modules() if is_conv1d(layer)}
+
+
+def _chosen(linears: dict[str, nn.Module], targets: Sequence[str]) -> list[str]:
     """The layers' names that a pattern matches, in the model's order; each pattern must match."""
     for pattern in targets:
         if not any(matches(name, pattern) for name in linears):
@@ -94,11 +114,12 @@ def _linear_names(linears: Iterable[str]) -> str:
     return f"its linear layers end in: {', '.join(ends[:LAYERS_SHOWN])}{more}"
 
 
-def _attach(layer: nn.Linear, rank: int, scaling: float, dropout: float) -> None:
-    weight = layer.weight
+def _attach(layer: nn.Module, rank: int, scaling: float, dropout: float) -> None:
+    weight, features = layer.weight, _features(layer)
+    assert isinstance(weight, torch.Tensor) and features is not None
     made = {"bias": False, "device": weight.device, "dtype": weight.dtype}
-    layer.add_module(A, nn.Linear(layer.in_features, rank, **made))
-    layer.add_module(B, nn.Linear(rank, layer.out_features, **made))
+    layer.add_module(A, nn.Linear(features[0], rank, **made))
+    layer.add_module(B, nn.Linear(rank, features[1], **made))
     layer.add_module(DROPOUT, nn.Dropout(dropout) if dropout > 0 else nn.Identity())
     setattr(layer, SCALING, scaling)  # a plain float: in no state dict
     layer.register_forward_hook(_add_adapter)
@@ -167,14 +188,18 @@ def adapted_layers(state: dict[str, Any]) -> list[str]:
     return [k.removesuffix(SUFFIXES[0]) for k in state if k.endswith(SUFFIXES[0])]
 
 
-def merged_state(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+def merged_state(
+    state: dict[str, torch.Tensor], scaling: float, transposed: set[str] = frozenset()
+) -> dict[str, torch.Tensor]:
     """A plain model's state dict: each adapted layer's weight `W + scaling * B @ A` (computed
-    in float32, stored in W's type), the adapters dropped."""
+    in float32, stored in W's type; transposed for the layers `transposed` names, whose weight
+    is in x out), the adapters dropped."""
     merged = {k: v for k, v in state.items() if not is_lora_key(k)}
     for name in adapted_layers(state):
         weight = state[f"{name}.weight"]
         a, b = state[name + SUFFIXES[0]].float(), state[name + SUFFIXES[1]].float()
-        merged[f"{name}.weight"] = (weight.float() + scaling * (b @ a)).to(weight.dtype)
+        delta = (b @ a).t() if name in transposed else b @ a
+        merged[f"{name}.weight"] = (weight.float() + scaling * delta).to(weight.dtype)
     return merged
 
 
@@ -190,11 +215,13 @@ def peft_files(
     targets: Sequence[str],
     base_path: str | None,
     task_type: str | None = None,
+    fan_in_fan_out: bool = False,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The adapters of `state` in peft's layout: `adapter_config.json`'s content and
     `adapter_model.safetensors`' tensors, which `PeftModel.from_pretrained(base, folder)` loads.
     `task_type`: peft's (`CAUSAL_LM` for a transformers causal language model), None for
-    another model (plain `PeftModel`)."""
+    another model (plain `PeftModel`); `fan_in_fan_out`: the adapted layers' weights are in x
+    out (transformers' Conv1D)."""
     adapters = adapter_state(state)
     layers = adapted_layers(adapters)
     config = {
@@ -206,7 +233,7 @@ def peft_files(
         "lora_dropout": dropout,
         "target_modules": _peft_targets(state, layers, targets),
         "bias": "none",
-        "fan_in_fan_out": False,
+        "fan_in_fan_out": fan_in_fan_out,
         "use_rslora": False,
         "use_dora": False,
         "init_lora_weights": True,

@@ -96,6 +96,12 @@ class Family:
         return None
 
 
+def is_conv1d(layer: nn.Module) -> bool:
+    """transformers' `Conv1D` (GPT-2's projections): a linear layer whose weight is stored in x
+    out (peft's `fan_in_fan_out`)."""
+    return loaded_instance(layer, "transformers.pytorch_utils", "Conv1D")
+
+
 def loaded_instance(model: nn.Module, module: str, cls: str) -> bool:
     """Whether `model` is a `module.cls`, where `module` is imported already: a library is
     imported only where a model of it was built, never to find out that a model is not one."""

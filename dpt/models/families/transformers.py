@@ -16,13 +16,22 @@ import torch
 from torch import nn
 
 from dpt.config.tasks import LANGUAGE_MODEL
-from dpt.models.families.base import Family, Plan, Unit, inner, loaded_instance, outermost
+from dpt.models.families.base import (
+    Family,
+    Plan,
+    Unit,
+    inner,
+    is_conv1d,
+    loaded_instance,
+    outermost,
+)
 from dpt.models.gpt import QKV
 
 # The attention's query and value projections as transformers' families name them: separate
 # (Llama, Mistral, Qwen, Gemma, OPT; BERT, RoBERTa), or one fused projection of all three
-# (GPTNeoX, Falcon; Phi-3).
-QUERY_VALUE = (("q_proj", "v_proj"), ("query", "value"), ("query_key_value",), ("qkv_proj",))
+# (GPTNeoX, Falcon; Phi-3; GPT-2's Conv1D, peft's default for it too).
+QUERY_VALUE = (("q_proj", "v_proj"), ("query", "value"), ("query_key_value",), ("qkv_proj",),
+               ("c_attn",))  # fmt: skip
 # One layer projecting queries, keys and values together (GPTNeoX, Falcon; Phi-3; GPT-2's Conv1D).
 FUSED_ATTENTION = ("query_key_value", "qkv_proj", "c_attn")
 
@@ -117,7 +126,7 @@ class TransformersFamily(Family):
         """Its attention's query and value projections, by the names transformers' families
         give them (separate, or one fused projection)."""
         linears = {name.rpartition(".")[2] for name, module in model.named_modules()
-                   if isinstance(module, nn.Linear)}  # fmt: skip
+                   if isinstance(module, nn.Linear) or is_conv1d(module)}  # fmt: skip
         return next((names for names in QUERY_VALUE if set(names) <= linears), ())
 
     def flops_per_token(self, model: nn.Module) -> Callable[[int], float]:
