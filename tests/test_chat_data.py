@@ -181,6 +181,18 @@ def test_a_window_without_an_answer_token_is_one_line(tmp_path: Path) -> None:
     )
 
 
+def test_examples_cut_at_the_window_say_which_setting_sets_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    long = {"messages": [{"role": "user", "content": "1+1="},
+                         {"role": "assistant", "content": "2" * 200}]}  # fmt: skip
+    path = _write_jsonl(tmp_path / "chat.jsonl", [ROWS[0], long])
+    with caplog.at_level("WARNING"):
+        chat_data(path)
+    assert "chat: 1 example(s) longer than model.block_size=160 + 1 tokens were cut at the " \
+        "end" in caplog.text  # fmt: skip
+
+
 def test_dpt_generate_asks_a_chat_run_in_its_template(monkeypatch: pytest.MonkeyPatch) -> None:
     fmt = ChatFormat()  # ChatML
     assert (

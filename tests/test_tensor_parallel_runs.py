@@ -265,6 +265,12 @@ def test_each_rank_holds_half_of_the_split_layers(runs: Path, single: dict[str, 
         split = _memory(runs / "llama-tp2", rank)
         for tag in ("memory/params_mb", "memory/grads_mb", "memory/optimizer_mb"):
             assert split[tag] == pytest.approx((one[tag] - norms_mb) / 2 + norms_mb, rel=1e-6)
+        # The start line counts the whole model, and the rank's own share of it
+        whole, held = (sum(p.numel() for p in model.parameters()),
+                       round(split["memory/params_mb"] * 2**20 / 4))  # fmt: skip
+        log = (runs / "llama-tp2" / "logs" / f"{rank}.log").read_text()
+        assert (f"{whole:,} of {whole:,} parameters train; {held:,} of them on this rank "
+                "(strategy.tensor_parallel=2)") in log  # fmt: skip
 
 
 # One line each, before any rank starts: on the model the launcher builds on the meta device

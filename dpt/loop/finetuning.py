@@ -37,6 +37,16 @@ def uses_lora(settings: FinetuneConfig) -> bool:
     return settings.lora.rank > 0
 
 
+def on_this_rank(model: nn.Module, degree: int) -> str:
+    """`; 19,205 of them on this rank (strategy.tensor_parallel=2)`: the trainable parameters'
+    elements a rank holds, its slices of the split layers and its copy of the others."""
+    from torch.distributed.tensor import DTensor
+
+    held = sum((p.to_local() if isinstance(p, DTensor) else p).numel()
+               for p in model.parameters() if p.requires_grad)  # fmt: skip
+    return f"; {held:,} of them on this rank (strategy.tensor_parallel={degree})"
+
+
 def trainable_text(model: nn.Module) -> str:
     """`2,048 of 96,512 parameters train (2.1 %)`: for the start line."""
     trained, total = trainable_count(model)

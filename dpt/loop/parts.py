@@ -168,6 +168,8 @@ def build_parts(
         materialize(model, env.device)
         load_shards(model, shards_from, reads)
         init_lora(model)  # materialized by transformers' init: the adapters' own, anew
+    if strategy.tensor_parallel > 1:  # the whole model's count, and the rank's own share
+        trainable += finetuning.on_this_rank(model, strategy.tensor_parallel)
     if t.compile:
         model = torch.compile(model)
     optimizer = build_optimizer(groups.optimizer, model)
