@@ -162,6 +162,26 @@ class CustomDatasetConfig:
     shuffle: bool = MISSING
 
 
+@dataclass
+class RecordsConfig:
+    """Labeled texts as token ids for an encoder's tasks (dpt/data/records.py)."""
+
+    _target_: str = "dpt.data.records.RecordsData"
+    # a .csv, .jsonl, .json or .parquet file, or a folder of train.* and val.* (and test.*,
+    # dpt-evaluate's)
+    root: str = MISSING
+    text: str = MISSING  # the column of texts
+    # the column of targets: a class (an integer or a word), a list of them (multilabel), or a
+    # number with a fraction (regression)
+    label: str = MISSING
+    tokenizer: str | None = MISSING  # bytes (or null), a tokenizers JSON file, or a model folder
+    max_length: int = at_least(2)  # tokens a text is cut or padded to
+    val_fraction: float = between(0, 1)  # a file alone: this share of its rows, the last
+    num_workers: int = at_least(0)
+    # false: every epoch in index order (dpt applies it: the target never sees it)
+    shuffle: bool = MISSING
+
+
 DATASETS: dict[str, type] = {
     "synthetic": SyntheticConfig,
     "coco": CocoConfig,
@@ -171,6 +191,7 @@ DATASETS: dict[str, type] = {
     "custom": CustomDatasetConfig,
     "text": TextConfig,
     "chat": ChatConfig,
+    "records": RecordsConfig,
 }
 
 

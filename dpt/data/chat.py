@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from torch.utils.data import Dataset
 
 from dpt.data.conversations import ChatFormat, folder_format, segments
 from dpt.data.loaders import StackedBatch
-from dpt.data.splits import SPLITS, TEST, TRAIN, VAL
+from dpt.data.row_files import missing_split_file, read_rows, test_rows
 from dpt.data.tokenizer import Tokenizer, load_tokenizer
 from dpt.errors import DptError
 from dpt.loggers import ONCE_LOGGER_NAME
@@ -38,7 +37,6 @@ from dpt.targets import IGNORE_INDEX, Targets
 
 once = logging.getLogger(ONCE_LOGGER_NAME)  # what every rank says alike: rank 0 says it
 
-BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 PAD_ID = 0  # the padding's token id (its targets are ignored, its attention its own)
 
 
@@ -85,20 +83,15 @@ class ChatData:
     @functools.cached_property
     def test(self) -> ChatWindows | None:
         """A folder's `test.<ext>` rows as windows; None where it has none (or root is a file)."""
-        found = _split_file(self.root, TEST, required=False) if self.root.is_dir() else None
-        if found is None:
+        rows = test_rows(self.root)
+        if rows is None:
             return None
-        examples = Examples(_rows(found), self.tokenizer, self.chat_format, self.block_size)
+        examples = Examples(rows, self.tokenizer, self.chat_format, self.block_size)
         return ChatWindows(examples, self.block_size, self.packing)
 
     def missing_split(self, split: str) -> str:
         """Why there is no `split` (dpt.data.splits), naming the split files there are."""
-        kinds = ", ".join(f"{split}{ext}" for ext in BUILDERS)
-        if not self.root.is_dir():
-            return f"the chat file {self.root} is one file: no {split} file ({kinds}) beside it"
-        has = ", ".join(p.name for p in sorted(self.root.iterdir())
-                        if p.stem in SPLITS and p.suffix in BUILDERS)  # fmt: skip
-        return f"the chat folder {self.root} has no {split} file ({kinds}; it has {has})"
+        return missing_split_file(self.root, split, "chat")
 
 
 def chat_format(
@@ -117,50 +110,6 @@ def chat_format(
                           bos_token=found.bos_token, eos_token=found.eos_token)  # fmt: skip
     return ChatFormat(template=chat_template or found.template, bos_token=found.bos_token,
                       eos_token=found.eos_token)  # fmt: skip
-
-
-def read_rows(root: Path, val_fraction: float) -> tuple[list[tuple[str, dict]], list]:
-    """(where, row) of the training rows and of the validation rows."""
-    if root.is_dir():
-        train, val = _split_file(root, TRAIN), _split_file(root, VAL, required=False)
-        return _rows(train), _rows(val) if val else []
-    rows = _rows(root)
-    keep = len(rows) - int(len(rows) * val_fraction)
-    return rows[:keep], rows[keep:]
-
-
-def _split_file(root: Path, split: str, required: bool = True) -> Path | None:
-    found = sorted(p for p in root.iterdir() if p.stem == split and p.suffix in BUILDERS)
-    if len(found) > 1 or (required and not found):
-        kinds = ", ".join(f"{split}{ext}" for ext in BUILDERS)
-        raise DptError(f"dataset.root={root}: needs one {split} file ({kinds}), found "
-                       f"{len(found)}")  # fmt: skip
-    return found[0] if found else None
-
-
-def _rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """The file's rows, read by `datasets` (in memory, its cache in a folder of this process's
-    own: ranks reading at once share nothing), each with where it is for errors."""
-    builder = BUILDERS.get(path.suffix)
-    if builder is None or not path.is_file():
-        raise DptError(f"dataset.root={path}: not a file of {', '.join(BUILDERS)}")
-    import datasets
-    from tqdm import std
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    # Its bars are off, but the first of them would start tqdm's monitor thread all the same.
-    interval, std.tqdm.monitor_interval = std.tqdm.monitor_interval, 0
-    with tempfile.TemporaryDirectory(prefix="dpt-chat-") as cache:
-        try:
-            table = datasets.load_dataset(builder, data_files=str(path), split="train",
-                                          cache_dir=cache, keep_in_memory=True)  # fmt: skip
-        except Exception as error:  # the library's own: a bad line, a column of mixed types
-            raise DptError(f"dataset.root={path}: cannot read it ({str(error).strip()})") from error
-        finally:
-            std.tqdm.monitor_interval = interval
-        rows = table.to_list()
-    return [(f"dataset.root={path}: row {i}", row) for i, row in enumerate(rows, start=1)]
 
 
 class Examples:

@@ -18,6 +18,7 @@ RUN_FILE = "tokenizer.json"  # a run's copy of its tokenizers file, beside data.
 # What transformers keeps beside a folder's tokenizer.json: its special tokens (eos, pad, ...)
 # and its chat template. A run keeps copies of those its tokenizer's folder has, beside its
 # copy of the tokenizer, so that an exported model's folder has them too (dpt-export).
+PAD_TOKENS = ("[PAD]", "<pad>", "<|pad|>")  # BERT's, T5's and others' padding tokens
 COMPANION_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 KEY = "dataset.tokenizer={}"  # how errors name the file by default: the config's key
 
@@ -45,6 +46,11 @@ class Tokenizer:
     def fingerprint(self) -> str:
         """What changes when its encoding changes: part of the token cache's key."""
         raise NotImplementedError
+
+    def pad_id(self) -> int:
+        """The id that pads a text to a length (dataset=records): 0 unless the tokenizer has a
+        padding token of its own."""
+        return 0
 
     def describe(self) -> dict[str, Any]:
         """What a run records of it (data.json)."""
@@ -113,6 +119,14 @@ class FileTokenizer(Tokenizer):
 
     def fingerprint(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def pad_id(self) -> int:
+        """Its padding's id (tokenizer.json's `padding`), else its pad token's ([PAD], <pad>)."""
+        padding = self.impl.padding
+        if padding:
+            return int(padding["pad_id"])
+        found = (self.impl.token_to_id(token) for token in PAD_TOKENS)
+        return next((int(i) for i in found if i is not None), 0)
 
     def describe(self) -> dict[str, Any]:
         """`file`: its copy's name in a run folder (or beside token shards)."""
