@@ -73,6 +73,23 @@ def neox(folder: Path, vocab_size: int = 320) -> Path:
     return folder
 
 
+def causal_lm(folder: Path, kind: str, vocab_size: int = 320) -> Path:
+    """A tiny causal LM of transformers' `model_type` `kind` (scripts/family_table.py's sizes,
+    no dropout: runs on several ranks draw no masks) with the sums' tokenizer."""
+    from dpt.models.hf import build_auto
+    from scripts.family_table import tiny_config
+
+    config = tiny_config(kind)
+    config.vocab_size = vocab_size
+    for key in list(config.to_dict()):
+        if "dropout" in key or "pdrop" in key:
+            setattr(config, key, 0.0)
+    torch.manual_seed(0)
+    build_auto("AutoModelForCausalLM", config).save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return folder
+
+
 def gpt2(folder: Path, vocab_size: int = 256) -> Path:
     """A 2-layer GPT-2 of `vocab_size` tokens (bytes: 256), GPT-2's own GELU and biases."""
     from transformers import GPT2Config, GPT2LMHeadModel

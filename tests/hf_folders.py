@@ -8,9 +8,9 @@ import torch
 from torch.utils.data import Dataset
 
 from scripts import make_hf_fixture
-from scripts.make_hf_fixture import TOKENS, VOCAB, bert, gpt2, llama, neox, vit
+from scripts.make_hf_fixture import TOKENS, VOCAB, bert, causal_lm, gpt2, llama, neox, vit
 
-__all__ = ["VOCAB", "bert", "gpt2", "llama", "neox", "vit"]
+__all__ = ["VOCAB", "bert", "causal_lm", "gpt2", "llama", "neox", "vit"]
 # A tenth of the sums (what the tokenizer learned on), and products: small texts, quick runs.
 SUMS = make_hf_fixture.SUMS[: len(make_hf_fixture.SUMS) // 10]
 OTHER_TEXT = "".join(f"{a:02d}*{b:02d}={a * b:04d}\n" for a in range(30) for b in range(30))
