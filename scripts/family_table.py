@@ -10,7 +10,6 @@ current."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -38,12 +37,12 @@ def tiny_config(kind: str) -> object:
     """transformers' config of `kind` at TINY's sizes (those its kind has and lets be set)."""
     import transformers
 
-    config = transformers.AutoConfig.for_model(kind)
-    for key, value in TINY.items():
-        if hasattr(config, key):
-            with contextlib.suppress(AttributeError, TypeError, ValueError):
-                setattr(config, key, value)
-    return config
+    default = transformers.AutoConfig.for_model(kind)
+    settable = {key: value for key, value in TINY.items() if hasattr(default, key)
+                and not isinstance(getattr(type(default), key, None), property)}  # fmt: skip
+    # Given to the constructor: what it derives from them (Gemma's and Qwen's per-layer
+    # attention kinds) follows.
+    return transformers.AutoConfig.for_model(kind, **settable)
 
 
 def _transformers_model(kind: str) -> nn.Module:

@@ -69,6 +69,9 @@ class TransformersFamily(Family):
         if fused is not None:
             return (f"{kind} projects its attention's queries, keys and values in one layer "
                     f"({fused}), which dpt's plan does not split by heads; {instead}")  # fmt: skip
+        if is_llama_shaped(model) and len(model.model.layers) and _normalizes_heads(model):
+            return (f"{kind} normalizes each head's queries and keys (q_norm, k_norm), which "
+                    f"dpt's plan does not split yet; {instead}")  # fmt: skip
         if _soft_capped(model):
             return (f"{kind} soft-caps its attention scores and logits, which dpt's plan does "
                     f"not split yet; {instead}")  # fmt: skip
@@ -164,9 +167,18 @@ def _splits_as_llama(model: nn.Module) -> bool:
         return False
     layer = model.model.layers[0]
     attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    return all(hasattr(attention, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and all(
-        hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")
+    return (
+        all(hasattr(attention, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        and all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj"))
+        and not _normalizes_heads(model)
     )
+
+
+def _normalizes_heads(model: nn.Module) -> bool:
+    """Qwen3's attention normalizes each head's queries and keys (q_norm, k_norm): split by
+    heads it computed other values than one process (2e-4 apart in 4 steps, the matrix)."""
+    attention = getattr(model.model.layers[0], "self_attn", None)
+    return any(hasattr(attention, name) for name in ("q_norm", "k_norm"))
 
 
 def _flops_per_token(model: nn.Module, steps: int) -> float:
