@@ -33,12 +33,13 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
         "image_size": 32, "patch_size": 8, "pad_token_id": 0}  # fmt: skip
 
 
-def tiny_config(kind: str) -> object:
-    """transformers' config of `kind` at TINY's sizes (those its kind has and lets be set)."""
+def tiny_config(kind: str, **sizes: object) -> object:
+    """transformers' config of `kind` at TINY's sizes (those its kind has and lets be set),
+    `sizes` over them."""
     import transformers
 
     default = transformers.AutoConfig.for_model(kind)
-    settable = {key: value for key, value in TINY.items() if hasattr(default, key)
+    settable = {key: value for key, value in (TINY | sizes).items() if hasattr(default, key)
                 and not isinstance(getattr(type(default), key, None), property)}  # fmt: skip
     # Given to the constructor: what it derives from them (Gemma's and Qwen's per-layer
     # attention kinds) follows.

@@ -34,6 +34,7 @@ from tests.helpers import (
     shared_port,
     spawn,
     summary,
+    tb_points,
     train,
     world_rank_runs,
     world_run,
@@ -71,12 +72,6 @@ def _events(run_dir: Path) -> list[tuple[Any, ...]]:
 
 def _metrics(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "metrics.json").read_text())
-
-
-def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
-    acc = EventAccumulator(str(folder))
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +132,7 @@ def test_rollback_returns_before_the_spike_and_skips_exactly_the_window(
     assert max_abs_diff(load_weights(run), load_weights(poisoned["dropped"])) < 1e-6
     # TensorBoard: a point on the detector's curve at each event's step, the lines as text.
     world = job_tb(poisoned["sweep"], 3) / "world"
-    assert [step for step, _ in _scalars(world, "monitor/loss_spike")] == [17, 49]
+    assert [step for step, _ in tb_points(world, "monitor/loss_spike")] == [17, 49]
     acc = EventAccumulator(str(world), size_guidance={"tensors": 0})
     acc.Reload()
     texts = [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("monitor/events")]
@@ -176,9 +171,9 @@ def test_the_sweep_counts_each_jobs_events_and_diagnostics_reach_tensorboard(
         "off": 0, "warn": 4, "skip": 4, "rollback": 2
     }  # fmt: skip
     world = job_tb(poisoned["sweep"], 0) / "world"
-    norms = _scalars(world, "grads/0/norm")
+    norms = tb_points(world, "grads/0/norm")
     assert [step for step, _ in norms] == list(range(8, 2 * 34 + 1, 8))
-    assert all(value > 0 for _, value in _scalars(world, "grads/4/update_ratio"))
+    assert all(value > 0 for _, value in tb_points(world, "grads/4/update_ratio"))
 
 
 @pytest.mark.timeout(600)  # the first test of the world builds it

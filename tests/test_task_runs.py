@@ -33,6 +33,7 @@ from tests.helpers import (
     run_config_here,
     spawn,
     summary,
+    tb_points,
     train,
 )
 
@@ -104,12 +105,6 @@ def _run(run_dir: Path, *overrides: str) -> dict[str, Any]:
     return run_config_here(resolved(compose(*CONF, *overrides)), run_dir)
 
 
-def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
-    acc = EventAccumulator(str(folder))
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
-
-
 # --- SimpleNet, task=binary -----------------------------------------------------------------------
 
 
@@ -142,7 +137,7 @@ def test_a_linear_regression_recovers_its_coefficients_on_one_process_and_two(
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["val"]["val/r2"] == result["val"]["val/r2"] > 0.99
     assert metrics["val_metrics"] == ["val/loss", "val/mse", "val/mae", "val/r2"]
-    curve = _scalars(tmp_path / "tb" / "world", "val/r2")
+    curve = tb_points(tmp_path / "tb" / "world", "val/r2")
     assert [step for step, _ in curve] == [32, 64, 96]  # each epoch's end
     assert curve[-1][1] == pytest.approx(metrics["val"]["val/r2"])
 
@@ -204,7 +199,7 @@ def test_an_own_metric_is_watched_reported_and_optimized(focal_sweep: Path) -> N
 
 def _tb_world(sweep: Path, job: int, tag: str) -> list[tuple[int, float]]:
     folder = next(p for p in (sweep / "tb").iterdir() if p.name.split(" ")[0] == str(job))
-    return _scalars(folder / "world", tag)
+    return tb_points(folder / "world", tag)
 
 
 def _experiment_metrics(folder: Path) -> list[str]:

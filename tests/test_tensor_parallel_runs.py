@@ -282,18 +282,12 @@ def build_strategy(degree: str) -> Any:
 
 
 def _meta_hf(kind: str, **config: object) -> torch.nn.Module:
-    import transformers
+    """A tiny model of `kind` on the meta device, as the launcher builds it."""
+    from dpt.models.hf import build_auto
+    from scripts.family_table import tiny_config
 
-    sizes = {"llama": {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 32,
-                       "intermediate_size": 64},
-             "gpt2": {"n_head": 2, "n_embd": 32},
-             "gpt_neox": {"num_attention_heads": 4, "hidden_size": 32, "intermediate_size": 64},
-             "opt": {"num_attention_heads": 4, "hidden_size": 32, "ffn_dim": 64,
-                     "word_embed_proj_dim": 32}}[kind]  # fmt: skip
-    built = transformers.AutoConfig.for_model(kind, num_hidden_layers=1, n_layer=1,
-                                              vocab_size=64, **(sizes | config))  # fmt: skip
     with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(built)
+        return build_auto("AutoModelForCausalLM", tiny_config(kind, num_hidden_layers=1, **config))
 
 
 @pytest.mark.parametrize(

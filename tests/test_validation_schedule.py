@@ -10,9 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.helpers import FAST, committed_checkpoints, max_abs_diff, read_checkpoint, run_train
+from tests.helpers import (
+    FAST,
+    committed_checkpoints,
+    max_abs_diff,
+    read_checkpoint,
+    run_train,
+    tb_points,
+)
 from tests.trackers_read import history, metric_steps, runs_of
 
 pytestmark = pytest.mark.slow  # the session's MLflow server (tests/session_runs.py)
@@ -30,12 +36,6 @@ def _run(run_dir: Path, uri: str, steps: int) -> str:
                        f"logger.mlflow.tracking_uri={uri}")  # fmt: skip
     assert result.returncode == 0, result.stderr
     return result.stdout
-
-
-def _tb_points(run_dir: Path, tag: str) -> list[tuple[int, float]]:
-    acc = EventAccumulator(str(run_dir / "tb" / "world"))
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_validation_every_20_steps_on_4_batches_reaches_every_record(
     assert [int(row["step"]) for row in val_rows] == POINTS  # metrics.json
     assert {row["val/samples"] for row in val_rows} == {4 * 16}  # 4 batches of 16, no more
     points = [(int(row["step"]), row["val/loss"]) for row in val_rows]
-    tb = _tb_points(run_dir, "val/loss")
+    tb = tb_points(run_dir / "tb" / "world", "val/loss")
     assert [step for step, _ in tb] == POINTS
     assert [v for _, v in tb] == pytest.approx([v for _, v in points], rel=1e-6)  # TensorBoard
     [tracked] = [r for r in runs_of(mlflow_uri) if r.info.run_name.endswith(f"/{name}")]
