@@ -4,6 +4,7 @@ Asked of the model, never of its class elsewhere (tests/test_layout.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -74,17 +75,17 @@ def test_torchvision_models() -> None:
 def test_transformers_models_by_their_structure() -> None:
     llama = _hf("llama")
     assert _answers(llama) == {
-        "blocks": 2, "units": ["embed", "model.layers.0", "model.layers.1", "head"],
+        "blocks": 2, "units": ["model.layers.0", "model.layers.1"],
         "plan": True, "lora": ("q_proj", "v_proj"), "flops": True,
     }  # fmt: skip
     family = family_of(llama)
     assert family.as_transformers(llama) is llama
     assert json.loads(family.transformers_config(llama))["model_type"] == "llama"
     assert family.peft_task_type("language_model") == "CAUSAL_LM"
-    # Fused attention projections: blocks and LoRA's targets, no cut or plan yet.
+    # Fused attention projections: blocks, cuts and LoRA's targets; no plan.
     neox = _answers(_hf("gpt_neox"))
     assert (neox["blocks"], neox["units"], neox["plan"], neox["lora"]) == (
-        2, None, False, ("query_key_value",))  # fmt: skip
+        2, ["gpt_neox.layers.0", "gpt_neox.layers.1"], False, ("query_key_value",))  # fmt: skip
     bert = _answers(_hf("bert", "AutoModelForSequenceClassification"))
     assert (bert["blocks"] >= 2, bert["lora"]) == (True, ("query", "value"))
 
@@ -97,24 +98,33 @@ def test_a_model_dpt_knows_only_by_its_parts(model: nn.Module) -> None:
     assert family_of(model).as_transformers(model) is None
 
 
-@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"])
-def test_a_decoders_pipeline_units_in_turn_compute_its_forward(kind: str) -> None:
-    """What the pipeline's stages compute, run in one process: the model's own logits, or no
-    units at all (Gemma 2 soft-caps its logits and attention in its forward: dpt does not cut
-    it). The model is built as dpt builds it (Gemma 2 with its own attention, not SDPA)."""
+DECODERS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "opt", "gpt2", "gpt_neox",
+            "falcon"]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", DECODERS)
+def test_a_decoders_stages_in_turn_compute_its_forward(kind: str) -> None:
+    """What the pipeline's stages compute, run in one process: the model's own logits (its own
+    masks, positions and soft-capping), cut into 2 and 3 stages (3 layers). The model is built
+    as dpt builds it (Gemma 2 with its own attention, not SDPA); no stage holds another's
+    weights."""
     from dpt.models.hf import build_auto
+    from dpt.models.stages import StageView, plan, stage_model
     from scripts.family_table import tiny_config
 
     torch.manual_seed(0)
-    model = build_auto("AutoModelForCausalLM", tiny_config(kind)).eval()
-    units = family_of(model).units(model)
-    if kind == "gemma2":
-        assert units is None
-        return
-    assert units is not None
+    model = build_auto("AutoModelForCausalLM", tiny_config(kind, num_hidden_layers=3,
+                                                           n_layer=3)).eval()  # fmt: skip
     ids = torch.randint(0, 64, (2, 12))
     with torch.no_grad():
-        x = ids
-        for unit in units:
-            x = unit.run(model, x)
-        assert (x - model(ids).logits).abs().max() < 1e-5
+        expected = model(ids).logits
+        for stages in (2, 3):
+            x, held = ids, 0
+            for kept in plan(model, stages, None):
+                view = StageView(stage_model(model, kept), kept, contextlib.nullcontext)
+                held += sum(p.numel() for p in view.parameters())
+                x = view(x)
+            assert (x - expected).abs().max() < 1e-5
+            tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+            whole = sum(p.numel() for p in model.parameters())
+            assert held == whole + (model.get_input_embeddings().weight.numel() if tied else 0)

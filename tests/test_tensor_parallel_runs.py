@@ -300,10 +300,10 @@ def _meta_hf(kind: str, **config: object) -> torch.nn.Module:
                         "train it with strategy=fsdp or strategy=ddp"),
         ("gpt_neox", {}, 2, "model=hf of model_type=gpt_neox projects its attention's queries, "
                             "keys and values in one layer (query_key_value)"),
-        ("opt", {}, 2, "model=hf of model_type=opt is not a decoder in Llama's shape (an "
-                       "embedding, decoder layers taking rotary positions, a final norm and a "
-                       "head), which dpt's plan splits; train it with strategy=fsdp or "
-                       "strategy=ddp"),
+        ("bert", {}, 2, "model=hf of model_type=bert is not a decoder-only language model "
+                        "whose attention projects queries, keys and values apart, which dpt's "
+                        "plans split; train it with strategy=fsdp or strategy=ddp"),
+        ("opt", {"ffn_dim": 65}, 2, "does not divide ffn_dim=65"),
     ],
 )  # fmt: skip
 def test_a_model_that_does_not_split_is_one_line(
@@ -318,5 +318,6 @@ def test_a_model_that_does_not_split_is_one_line(
 
 def test_a_llama_that_splits_passes_and_a_config_defers_to_the_model() -> None:
     build_strategy("strategy.tensor_parallel=2").check(_meta_hf("llama"))
+    build_strategy("strategy.tensor_parallel=2").check(_meta_hf("opt"))  # split by structure
     # The config alone says nothing of a transformers model (its family does, on the model)
     check_tensor_parallel(OmegaConf.structured(HFModelConfig), 2)  # type: ignore[arg-type]

@@ -19,6 +19,10 @@ def split_widths(model: DictConfig) -> dict[str, int] | None:
     return None
 
 
+# The models dpt has tensor-parallel plans for, as a refusal names them.
+WHO_SPLITS = "it has plans for model=gpt and model=hf decoder-only language models"
+
+
 def check_tensor_parallel(model: DictConfig, degree: int) -> None:
     """One line where `model` has no plan, or a width it splits does not divide by `degree`. A
     transformers model's plan, and its widths, are its family's to say on the model built on
@@ -29,8 +33,7 @@ def check_tensor_parallel(model: DictConfig, degree: int) -> None:
     if widths is None:
         raise ConfigError(
             f"strategy.tensor_parallel={degree}: dpt has no tensor-parallel plan for "
-            f"{model.get('_target_', 'this model')}; it has plans for model=gpt and model=hf "
-            "decoder-only models in Llama's shape"
+            f"{model.get('_target_', 'this model')}; {WHO_SPLITS}"
         )
     for key, width in widths.items():
         if width % degree:

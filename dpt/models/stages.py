@@ -4,7 +4,8 @@ part of the model one stage holds.
 A unit is what a cut may not go through: the GPT's embedding, each of its blocks and its head;
 a ResNet's stem, each residual block and its head; each child of an `nn.Sequential` (the MLP).
 A stage is a run of consecutive units. A rank's stages are a copy of the whole model with the
-other units' modules removed (set to None), so its parameters keep the whole model's names:
+other units' modules removed (None, or the stand-in its family names: `Family.absent`), so its
+parameters keep the whole model's names:
 checkpoints of any number of stages are the same keys, and load at any other number.
 """
 
@@ -107,6 +108,7 @@ def stage_model(model: nn.Module, kept: Sequence[Unit]) -> nn.Module:
     those that share a parameter with them (a GPT's head and token embedding share one: its
     last stage keeps the embedding's module, so the matrix keeps its first name)."""
     stage = copy.deepcopy(model)
+    family = family_of(model)
     own = {id(p) for u in kept for name in u.modules
            for p in stage.get_submodule(name).parameters()}  # fmt: skip
     keep = {name for u in kept for name in u.modules}
@@ -116,7 +118,7 @@ def stage_model(model: nn.Module, kept: Sequence[Unit]) -> nn.Module:
             if name in keep or any(id(p) in own for p in module.parameters()):
                 continue
             parent, _, child = name.rpartition(".")
-            stage.get_submodule(parent).register_module(child, None)
+            stage.get_submodule(parent).register_module(child, family.absent(module))
     return stage
 
 
@@ -140,6 +142,7 @@ class StageView(nn.Module):
         self.parts = nn.ModuleList(own + sharing)
         self._holder = (holder,)  # a tuple: not a submodule
         self.kept, self.autocast, self.tensor_mesh = list(kept), autocast, tensor_mesh
+        self.family = family_of(holder)
 
     @property
     def holder(self) -> nn.Module:
@@ -147,9 +150,7 @@ class StageView(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with self.autocast():  # only the forward: backward runs in the forward's dtypes
-            x = self._entering(x)
-            for unit in self.kept:
-                x = unit.run(self._holder[0], x)
+            x = self.family.run_stage(self._holder[0], self.kept, self._entering(x))
         return self._leaving(x)
 
     def _entering(self, x: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 
@@ -20,7 +21,7 @@ def styles() -> Any:
 
 def split(module: nn.Module, mesh: Any, plan: dict[str, Any]) -> None:
     """`parallelize_module` with the plan's modules that `module` holds (a pipeline stage's
-    copy of the model holds its own units alone, the others None)."""
+    copy of the model holds its own units alone)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     held = {name: style for name, style in plan.items() if _holds(module, name)}
@@ -28,10 +29,13 @@ def split(module: nn.Module, mesh: Any, plan: dict[str, Any]) -> None:
 
 
 def _holds(module: nn.Module, name: str) -> bool:
+    """Whether `module` holds `name` with weights (a stage's copy holds another stage's module
+    as None, or as a stand-in without any)."""
     try:
-        return module.get_submodule(name) is not None
+        held = module.get_submodule(name)
     except AttributeError:
         return False
+    return held is not None and next(held.parameters(), None) is not None
 
 
 def columns_then_rows(parent: str, columns: tuple[str, ...], rows: str) -> dict[str, Any]:
@@ -44,20 +48,74 @@ def columns_then_rows(parent: str, columns: tuple[str, ...], rows: str) -> dict[
 
 
 def Replicated() -> Any:
-    """A module whose parameters every rank holds whole (GPT's position embedding): its input
-    and output DTensors replicated, so that its output adds to the sequence-split stream."""
-    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+    """A module whose parameters every rank holds whole (a position embedding, a norm of a
+    stream every rank holds whole): its tensor inputs whole DTensors (by position or by keyword;
+    a split one gathered), its output one, so that it adds to the stream."""
+    _, Replicate, _ = styles()
+    return _whole_weights(Replicate(), local_output=False)
+
+
+def HeadsNorm() -> Any:
+    """A norm of each head's queries or keys (B, T, heads, head width) inside a split attention:
+    its input the rank's heads (split on dim 2), its weight whole on each rank, so that its
+    gradient sums every rank's heads; its output the rank's heads, a local tensor as the
+    attention's others."""
+    _, _, Shard = styles()
+    return _whole_weights(Shard(2), local_output=True)
+
+
+def _whole_weights(placement: Any, local_output: bool) -> Any:
+    """A style for a module whose weights every rank holds whole (replicated DTensors): its
+    tensor inputs laid out as `placement` (a local tensor as this rank's part, a DTensor
+    redistributed); its output a local tensor or the DTensor."""
+    from torch.distributed.tensor import DTensor, distribute_module
     from torch.distributed.tensor.parallel import ParallelStyle
 
-    class _Replicated(ParallelStyle):
+    def laid_out(value: Any, mesh: Any) -> Any:
+        if isinstance(value, DTensor):
+            return value.redistribute(mesh, [placement])
+        if isinstance(value, torch.Tensor):
+            return DTensor.from_local(value, mesh, [placement], run_check=False)
+        return value
+
+    class _WholeWeights(ParallelStyle):
         def _apply(self, module: nn.Module, mesh: Any) -> nn.Module:
-            def inputs(_: nn.Module, args: tuple[Any, ...], device_mesh: Any) -> tuple[Any, ...]:
-                return tuple(DTensor.from_local(a, device_mesh, [Replicate()], run_check=False)
-                             for a in args)  # fmt: skip
+            def inputs(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                return (tuple(laid_out(a, mesh) for a in args),
+                        {key: laid_out(value, mesh) for key, value in kwargs.items()})  # fmt: skip
 
-            return distribute_module(module, mesh, input_fn=inputs)
+            def outputs(_: nn.Module, output: Any, device_mesh: Any) -> Any:
+                return output.to_local() if local_output else output
 
-    return _Replicated()
+            distribute_module(module, mesh, output_fn=outputs)
+            module.register_forward_pre_hook(inputs, with_kwargs=True)
+            return module
+
+    return _WholeWeights()
+
+
+def whole_stream_layer(
+    layer: nn.Module, attention: str, columns: tuple[str, ...], hidden: int
+) -> dict[str, Any]:
+    """A decoder layer whose stream every rank holds whole (no sequence parallelism): the
+    attention's `columns` projections (queries, keys, values) split by columns, each rank its
+    heads, its other projection by rows; the MLP's projections out of the stream's width by
+    columns, the others by rows (their sums all-reduced into the stream); every other module
+    with weights whole on each rank (a norm inside the attention: on the rank's heads)."""
+    tp, _, _ = styles()
+    plan: dict[str, Any] = {}
+    for name, module in layer.named_modules():
+        if not name or next(module.parameters(recurse=False), None) is None:
+            continue
+        inside = name.startswith(attention + ".")
+        if isinstance(module, nn.Linear):
+            by_columns = name.rpartition(".")[2] in columns if inside \
+                else module.in_features == hidden  # fmt: skip
+            plan[name] = tp.ColwiseParallel() if by_columns \
+                else tp.RowwiseParallel(use_local_output=False)  # fmt: skip
+        else:
+            plan[name] = HeadsNorm() if inside else Replicated()
+    return plan
 
 
 def vocabulary_ends(embedding: str, norm: str, head: str) -> dict[str, Any]:
@@ -74,23 +132,21 @@ def vocabulary_ends(embedding: str, norm: str, head: str) -> dict[str, Any]:
 
 
 def pre_norm_block(
-    norms: tuple[str, str],
+    norms: tuple[str, ...],
     attention: tuple[str, tuple[str, ...], str],
     attention_input: Any,
     mlp: tuple[str, tuple[str, ...], str],
 ) -> dict[str, Any]:
-    """A pre-norm transformer block: its two norms on each rank's part of the sequence; the
+    """A pre-norm transformer block: its norms on each rank's part of the sequence; the
     attention (name, column-split projections, row-split one) and the MLP (the same) each take
     their input whole (`attention_input`: the attention's PrepareModuleInput, by position or by
     keyword as its forward takes it)."""
     tp, Replicate, Shard = styles()
-    first, second = norms
     (attn, attn_columns, attn_rows), (ff, ff_columns, ff_rows) = attention, mlp
     return {
-        first: tp.SequenceParallel(),
+        **{norm: tp.SequenceParallel() for norm in norms},
         attn: attention_input,
         **columns_then_rows(attn, attn_columns, attn_rows),
-        second: tp.SequenceParallel(),
         ff: tp.PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
         **columns_then_rows(ff, ff_columns, ff_rows),
     }

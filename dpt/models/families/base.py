@@ -11,23 +11,25 @@ model's class.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from dpt.config.tensor_parallel import WHO_SPLITS
+
 
 @dataclass(frozen=True)
 class Unit:
     """A pipeline unit. `name`: what `strategy.split_points` names; `modules`: the modules it
     runs (their names in the model); `run(model, x)`: its forward, on the model that holds
-    them."""
+    them (None where its family runs a stage as a whole: `Family.run_stage`)."""
 
     name: str
     modules: tuple[str, ...]
-    run: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    run: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None
 
 
 # A tensor-parallel plan: splits the model over a 1-D tensor mesh, in place.
@@ -48,13 +50,23 @@ class Family:
         """The pipeline units in forward order; None: dpt does not know where to cut it."""
         return None
 
+    def run_stage(self, model: nn.Module, kept: Sequence[Unit], x: torch.Tensor) -> torch.Tensor:
+        """A pipeline stage's forward: its units in turn, on the stage's copy of the model."""
+        for unit in kept:
+            assert unit.run is not None
+            x = unit.run(model, x)
+        return x
+
+    def absent(self, module: nn.Module) -> nn.Module | None:
+        """What a stage's copy holds in place of `module`, another stage's (None: nothing)."""
+        return None
+
     def tensor_plan(self, model: nn.Module) -> Plan | None:
         return None
 
     def no_plan_reason(self, model: nn.Module) -> str:
         """Why `model` has no tensor-parallel plan (tensor_plan is None), what to do instead."""
-        return (f"dpt has no tensor-parallel plan for {type(model).__name__}; it has plans for "
-                "model=gpt and model=hf decoder-only models in Llama's shape")  # fmt: skip
+        return f"dpt has no tensor-parallel plan for {type(model).__name__}; {WHO_SPLITS}"
 
     def split_widths(self, model: nn.Module) -> dict[str, int]:
         """Each width the plan splits (it must divide by the degree), by the name that sets it."""

@@ -1,15 +1,17 @@
 """transformers' models (`model=hf`): blocks are the classes a model names in
 `_no_split_modules` (the signal accelerate and FSDP's auto-wrapping use too). A decoder-only
-causal LM in Llama's shape (an embedding, decoder layers taking rotary positions, a final norm
-and a head: Llama, Mistral, Qwen2, Qwen3) cuts into pipeline stages between its layers and
-splits over tensor-parallel ranks as torchtitan plans Llama. Found by structure, whatever its
-`model_type`. transformers is never imported here: a model that is one was built by it.
+causal LM (`decoder_layers`: its blocks one `ModuleList`, a head) cuts into pipeline stages
+between its layers, each stage running the model's own forward (its masks, positions and
+soft-capping) over its layers alone; one in Llama's shape (an embedding, decoder layers taking
+rotary positions, a final norm and a head: Llama, Mistral, Qwen2) also splits over
+tensor-parallel ranks as torchtitan plans Llama. Found by structure, whatever its `model_type`.
+transformers is never imported here: a model that is one was built by it.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -34,6 +36,12 @@ QUERY_VALUE = (("q_proj", "v_proj"), ("query", "value"), ("query_key_value",), (
                ("c_attn",))  # fmt: skip
 # One layer projecting queries, keys and values together (GPTNeoX, Falcon; Phi-3; GPT-2's Conv1D).
 FUSED_ATTENTION = ("query_key_value", "qkv_proj", "c_attn")
+# Norms of each head's queries and keys (Qwen 3), inside the attention.
+HEAD_NORMS = ("q_norm", "k_norm")
+# The config key of the MLP's width, as transformers' families name it (Llama's, OPT's).
+MLP_WIDTHS = ("intermediate_size", "ffn_dim")
+# An attention's counts of heads, as its forward may read them (OPT's reshapes by num_heads).
+HEAD_COUNTS = ("num_heads", "num_key_value_heads")
 
 
 class TransformersFamily(Family):
@@ -41,25 +49,51 @@ class TransformersFamily(Family):
         return loaded_instance(model, "transformers.modeling_utils", "PreTrainedModel")
 
     def blocks(self, model: nn.Module) -> list[nn.Module | None]:
-        names = frozenset(getattr(model, "_no_split_modules", None) or ())
-        return list(outermost(model, lambda c: c.__name__ in names))
+        return list(_blocks(model))
 
     def units(self, model: nn.Module) -> list[Unit] | None:
-        """Its embedding, each decoder layer (with the rotary embedding, which holds no
-        parameters, so that every stage computes its positions) and its norm with the head."""
-        if not is_llama_shaped(model) or _soft_capped(model):
+        """A decoder's layers, the first with the embeddings, the last with what follows the
+        layers (the final norm, the head)."""
+        parts = _decoder_parts(model)
+        if parts is None:
             return None
-        layers = [Unit(f"model.layers.{i}", (f"model.layers.{i}", "model.rotary_emb"),
-                       functools.partial(_run_layer, index=i))
-                  for i in range(len(model.model.layers))]  # fmt: skip
-        return [
-            Unit("embed", ("model.embed_tokens",), lambda m, x: m.model.embed_tokens(x)),
-            *layers,
-            Unit("head", ("model.norm", "lm_head"), _run_head),
-        ]
+        layers, before, after = parts
+        count = len(model.get_submodule(layers))
+        return [Unit(f"{layers}.{i}", (f"{layers}.{i}", *(before if i == 0 else ()),
+                                       *(after if i == count - 1 else ())))
+                for i in range(count)]  # fmt: skip
+
+    def run_stage(self, model: nn.Module, kept: Sequence[Unit], x: torch.Tensor) -> torch.Tensor:
+        """The model's own forward over the stage's layers: the first stage from the token ids;
+        a later one from the hidden states it receives (given as `inputs_embeds` for the shapes
+        of the masks and positions the model computes, and handed to its first layer as they
+        are); the forward ends at the stage's last layer, or in the logits at the last stage."""
+        layers, _, first = kept[0].modules[0].rpartition(".")
+        last = kept[-1].modules[0].rpartition(".")[2]
+        held = model.get_submodule(layers)
+        starts, ends = first == "0", int(last) == len(held) - 1
+        hooks = []
+        if not starts:
+            hooks.append(held[int(first)].register_forward_pre_hook(
+                functools.partial(_hidden_in, x), with_kwargs=True))  # fmt: skip
+        if not ends:
+            hooks.append(held[int(last)].register_forward_hook(_stage_end))
+        try:
+            out = model(x) if starts else model(inputs_embeds=x)
+            return getattr(out, "logits", out)  # without model=hf's hook: transformers' output
+        except _StageEnd as end:
+            return end.hidden
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def absent(self, module: nn.Module) -> nn.Module:
+        return NoLookup() if isinstance(module, nn.Embedding) else PassOn()
 
     def tensor_plan(self, model: nn.Module) -> Plan | None:
-        return self._parallelize if _splits_as_llama(model) else None
+        if _splits_as_llama(model):
+            return self._parallelize
+        return self._parallelize_whole_stream if _separate_attention(model) else None
 
     def no_plan_reason(self, model: nn.Module) -> str:
         kind = f"model=hf of model_type={model.config.model_type}"
@@ -69,44 +103,75 @@ class TransformersFamily(Family):
         if fused is not None:
             return (f"{kind} projects its attention's queries, keys and values in one layer "
                     f"({fused}), which dpt's plan does not split by heads; {instead}")  # fmt: skip
-        if is_llama_shaped(model) and len(model.model.layers) and _normalizes_heads(model):
-            return (f"{kind} normalizes each head's queries and keys (q_norm, k_norm), which "
-                    f"dpt's plan does not split yet; {instead}")  # fmt: skip
-        if _soft_capped(model):
-            return (f"{kind} soft-caps its attention scores and logits, which dpt's plan does "
-                    f"not split yet; {instead}")  # fmt: skip
-        return (
-            f"{kind} is not a decoder in Llama's shape (an embedding, decoder layers taking "
-            f"rotary positions, a final norm and a head), which dpt's plan splits; {instead}"
-        )
+        return (f"{kind} is not a decoder-only language model whose attention projects queries, "
+                f"keys and values apart, which dpt's plans split; {instead}")  # fmt: skip
 
     def split_widths(self, model: nn.Module) -> dict[str, int]:
         config = model.config
         heads = int(config.num_attention_heads)
+        mlp = next(key for key in MLP_WIDTHS if hasattr(config, key))
         return {"num_attention_heads": heads,
                 "num_key_value_heads": int(getattr(config, "num_key_value_heads", None) or heads),
-                "intermediate_size": int(config.intermediate_size)}  # fmt: skip
+                mlp: int(getattr(config, mlp))}  # fmt: skip
 
     def _parallelize(self, model: nn.Module, mesh: Any) -> None:
         """The attention reads its heads' count from the projections' width, so each rank
-        computes its own heads."""
-        from dpt.models.tensor_styles import pre_norm_block, split, styles, vocabulary_ends
+        computes its own heads; every norm of a layer (two in Llama's, four in Gemma 2's) on
+        the rank's part of the sequence, a head's norm (Qwen 3's q_norm, k_norm) on its heads."""
+        from dpt.models.tensor_styles import (
+            HeadsNorm,
+            pre_norm_block,
+            split,
+            styles,
+            vocabulary_ends,
+        )
 
         tp, Replicate, Shard = styles()
         split(model, mesh, vocabulary_ends("model.embed_tokens", "model.norm", "lm_head"))
         for block in self.blocks(model):
             if block is None:
                 continue
+            layer = inner(block)
             attention_input = tp.PrepareModuleInput(
                 input_kwarg_layouts={"hidden_states": Shard(1)},
                 desired_input_kwarg_layouts={"hidden_states": Replicate()},
             )
-            split(inner(block), mesh, pre_norm_block(
-                ("input_layernorm", "post_attention_layernorm"),
+            plan = pre_norm_block(
+                _norms(layer),
                 ("self_attn", QKV, "o_proj"),  # as dpt's GPT names them
                 attention_input,
                 ("mlp", ("gate_proj", "up_proj"), "down_proj"),
-            ))  # fmt: skip
+            )
+            heads = [f"self_attn.{name}" for name in HEAD_NORMS if hasattr(layer.self_attn, name)]
+            split(layer, mesh, plan | {name: HeadsNorm() for name in heads})
+
+    def _parallelize_whole_stream(self, model: nn.Module, mesh: Any) -> None:
+        """Any other decoder whose attention projects queries, keys and values apart (OPT), found
+        by structure: Megatron's splits of the attention and the MLP, the stream between them
+        whole on each rank (a layer may reshape it: OPT's flattens the batch), the embedding
+        split by rows of the vocabulary, the head by columns."""
+        from dpt.models.tensor_styles import Replicated, split, styles, whole_stream_layer
+
+        tp, Replicate, _ = styles()
+        embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+        layers = [inner(block) for block in self.blocks(model) if block is not None]
+        inside = {id(m) for layer in layers for m in layer.modules()}
+        ends: dict[str, Any] = {}
+        for name, module in model.named_modules():
+            if id(module) in inside or next(module.parameters(recurse=False), None) is None:
+                continue
+            ends[name] = (
+                tp.RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate(),
+                                   use_local_output=False) if module is embedding
+                else tp.ColwiseParallel(output_layouts=Replicate()) if module is head
+                else Replicated()
+            )  # fmt: skip
+        split(model, mesh, ends)
+        hidden = int(model.config.hidden_size)
+        for layer in layers:
+            attention = _attention(layer)
+            split(layer, mesh, whole_stream_layer(layer, attention, QKV, hidden))
+            _local_heads(layer.get_submodule(attention), mesh.size())
 
     def names_in(self, model: nn.Module, stored: list[str]) -> dict[str, str]:
         """transformers' own renames of saved names (GPTNeoX saves its head as `embed_out`, the
@@ -152,33 +217,119 @@ def is_llama_shaped(model: nn.Module) -> bool:
         and hasattr(model, "lm_head")  # fmt: skip
 
 
-def _soft_capped(model: nn.Module) -> bool:
-    """Gemma 2's logits and attention scores are soft-capped in its forward, with masks of its
-    own: units that run its layers and head alone would compute another model."""
-    config = model.config
-    return any(getattr(config, key, None) for key in ("final_logit_softcapping",
-                                                       "attn_logit_softcapping"))  # fmt: skip
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    names = frozenset(getattr(model, "_no_split_modules", None) or ())
+    return list(outermost(model, lambda c: c.__name__ in names))
+
+
+def decoder_layers(model: nn.Module) -> str | None:
+    """Where a decoder-only causal LM holds its layers: the `ModuleList` of all the blocks
+    `_no_split_modules` names, in a model with a head and no encoder. None: not one."""
+    if getattr(model.config, "is_encoder_decoder", False) or model.get_output_embeddings() is None:
+        return None
+    found = [id(b) for b in _blocks(model)]
+    return next((name for name, m in model.named_modules() if isinstance(m, nn.ModuleList)
+                 and found and [id(b) for b in m] == found), None)  # fmt: skip
+
+
+def _decoder_parts(model: nn.Module) -> tuple[str, list[str], list[str]] | None:
+    """A decoder's layers, the modules with weights that run before them (its embeddings) and
+    after them (its final norm, its head). None: not a decoder, or one that projects between
+    the embeddings' width and the layers' (OPT's project_in and project_out)."""
+    layers = decoder_layers(model)
+    if layers is None:
+        return None
+    outside = [(name, m) for name, m in model.named_modules()
+               if name != layers and not name.startswith(layers + ".")
+               and next(m.parameters(recurse=False), None) is not None]  # fmt: skip
+    head = model.get_output_embeddings()
+    if any(isinstance(m, nn.Linear) and m is not head for _, m in outside):
+        return None
+    before = [name for name, m in outside if isinstance(m, nn.Embedding)]
+    after = [name for name, m in outside if not isinstance(m, nn.Embedding)]
+    return layers, before, after
+
+
+# What a stage's copy holds in place of another stage's modules. The model's forward still calls
+# the layers before the stage's first and its position embeddings; what they return is not used
+# (the stage's first layer receives the stage's input).
+
+
+class PassOn(nn.Module):
+    """Another stage's layer (or norm, or head): its input passes on."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return args[0] if args else next(iter(kwargs.values()))
+
+
+class NoLookup(nn.Module):
+    """Another stage's embedding: its lookup adds nothing."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros(())
+
+
+class _StageEnd(Exception):
+    """Raised after a stage's last layer: what follows it is the next stage's."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        super().__init__()
+        self.hidden = hidden
+
+
+def _hidden_in(
+    x: torch.Tensor, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The stage's first layer takes the hidden states the stage received."""
+    if args:
+        return (x, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": x}
+
+
+def _stage_end(module: nn.Module, args: Any, output: Any) -> None:
+    raise _StageEnd(output[0] if isinstance(output, tuple) else output)
 
 
 def _splits_as_llama(model: nn.Module) -> bool:
     """In Llama's shape, with the layers Llama's plan splits: separate query, key, value and
     output projections, and the MLP's gate, up and down projections."""
-    if not is_llama_shaped(model) or _soft_capped(model) or not len(model.model.layers):
+    if not is_llama_shaped(model) or not len(model.model.layers):
         return False
     layer = model.model.layers[0]
     attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    return (
-        all(hasattr(attention, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
-        and all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj"))
-        and not _normalizes_heads(model)
-    )
+    return all(hasattr(attention, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) \
+        and all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj"))  # fmt: skip
 
 
-def _normalizes_heads(model: nn.Module) -> bool:
-    """Qwen3's attention normalizes each head's queries and keys (q_norm, k_norm): split by
-    heads it computed other values than one process (2e-4 apart in 4 steps, the matrix)."""
-    attention = getattr(model.model.layers[0], "self_attn", None)
-    return any(hasattr(attention, name) for name in ("q_norm", "k_norm"))
+def _attention(layer: nn.Module) -> str:
+    """The name of a decoder layer's attention: its child with query, key and value layers."""
+    return next(name for name, child in layer.named_children()
+                if all(isinstance(getattr(child, n, None), nn.Linear) for n in QKV))  # fmt: skip
+
+
+def _separate_attention(model: nn.Module) -> bool:
+    """A decoder whose attention projects queries, keys and values in layers of their own."""
+    if decoder_layers(model) is None or any(name.endswith(FUSED_ATTENTION)
+                                            for name, _ in model.named_modules()):  # fmt: skip
+        return False
+    layer = inner(_blocks(model)[0])
+    return any(all(isinstance(getattr(child, n, None), nn.Linear) for n in QKV)
+               for child in layer.children()) and any(hasattr(model.config, key)
+                                                      for key in MLP_WIDTHS)  # fmt: skip
+
+
+def _local_heads(attention: nn.Module, degree: int) -> None:
+    """The attention's counts of heads as this rank holds them, where its forward reads them."""
+    for name in HEAD_COUNTS:
+        count = getattr(attention, name, None)
+        if isinstance(count, int):
+            setattr(attention, name, count // degree)
+
+
+def _norms(layer: nn.Module) -> tuple[str, ...]:
+    """A decoder layer's norms: its children with weights besides the attention and the MLP."""
+    return tuple(name for name, child in layer.named_children() if name not in ("self_attn", "mlp")
+                 and next(child.parameters(), None) is not None)  # fmt: skip
 
 
 def _flops_per_token(model: nn.Module, steps: int) -> float:
@@ -189,19 +340,3 @@ def _flops_per_token(model: nn.Module, steps: int) -> float:
     head = getattr(config, "head_dim", None) or config.hidden_size // heads
     parameters = sum(p.numel() for p in model.parameters())
     return 6.0 * parameters + 12.0 * layers * heads * head * steps
-
-
-def _positions(x: torch.Tensor) -> torch.Tensor:
-    """Position ids (1, T) of hidden states (B, T, C) of a sequence from its start."""
-    return torch.arange(x.shape[1], device=x.device).unsqueeze(0)
-
-
-def _run_layer(model: nn.Module, x: torch.Tensor, index: int) -> torch.Tensor:
-    """Decoder layer `index` on hidden states: causal (no mask), rotary positions from 0."""
-    base = model.model
-    cos_sin = base.rotary_emb(x, _positions(x))
-    return base.layers[index](x, position_embeddings=cos_sin)
-
-
-def _run_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return model.lm_head(model.model.norm(x))
