@@ -1,11 +1,15 @@
-"""The conformance matrix: every causal LM family of transformers that dpt lists
-(scripts/family_table.py) under every strategy, generated over the families, not written per
-family. Each a tiny folder made here (tests/hf_folders.causal_lm); 4 SGD steps on the same
-global batch. Where the family has the answer (its pipeline units, its tensor-parallel plan),
-the strategy's run equals one process (< 1e-5); where it has none, the strategy is refused in the
-family's one line before any rank starts. LoRA with no targets named adapts what the family
-names and leaves the base as it was; the export gives the run's logits in transformers; dpt-generate
-answers from the run folder alone.
+"""The conformance matrix: every transformers family that dpt lists (scripts/family_table.py)
+under every strategy, generated over the families, not written per family. Each a tiny folder
+made here (tests/hf_folders); 4 SGD steps on the same global batch.
+
+Causal LMs: under ddp, fsdp, 2 pipeline stages and tensor parallel 2, each run equals one
+process (< 1e-5), but tensor parallelism where the family projects queries, keys and values in
+one layer, refused in the family's one line before any rank starts. LoRA with no targets named
+adapts what the family names and leaves the base as it was; the export gives the run's logits in
+transformers; dpt-generate answers from the run folder alone.
+
+Classifiers (an encoder on labeled records, an image classifier on an image folder): under ddp
+and fsdp each run equals one process (< 1e-5); the export gives the run's logits.
 
 The multi-process runs go through this pytest worker's resident 2-rank world, one list of runs."""
 
@@ -37,6 +41,8 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # runs, in process and on the resident world
 
 KINDS = tuple(kind for kind, auto in TRANSFORMERS.items() if auto == "AutoModelForCausalLM")
+CLASSIFIERS = tuple(kind for kind in TRANSFORMERS if kind not in KINDS)
+TEXT, IMAGES = "AutoModelForSequenceClassification", "AutoModelForImageClassification"
 STRATEGIES = ("ddp", "fsdp", "pipeline", "tensor_parallel")
 STEPS, BATCH = 4, 8
 SGD = ["optimizer=sgd", "optimizer.lr=0.05", "optimizer.momentum=0", "trainer.seed=1",
@@ -148,3 +154,86 @@ def test_the_export_gives_the_runs_logits_and_generate_answers(
     capsys.readouterr()
     generate.main([str(run), "--prompt", "3+4", "--max-new-tokens", "4", "--temperature", "0"])
     assert capsys.readouterr().out.startswith("3+4")
+
+
+def _image_folder(root: Path) -> Path:
+    """32 x 32 images of two colours (a little noise each): 8 a class to train, 2 to validate."""
+    from PIL import Image
+
+    for split, count in (("train", 8), ("val", 2)):
+        for name, colour in (("red", (200, 30, 30)), ("blue", (30, 30, 200))):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                noise = Image.effect_noise((32, 32), 20).convert("RGB")
+                Image.blend(Image.new("RGB", (32, 32), colour), noise, 0.1 + 0.05 * i).save(
+                    folder / f"{i}.png"
+                )
+    return root
+
+
+def _classifier_run(kind: str, folder: Path, data: Path, *extra: str) -> list[str]:
+    reads = (["dataset=records", f"dataset.root={data}", "dataset.max_length=16"]
+             if TRANSFORMERS[kind] == TEXT else
+             ["dataset=image_folder", f"dataset.root={data}", "dataset.image_size=32",
+              "dataset.num_workers=0"])  # fmt: skip
+    return ["model=hf", f"model.path={folder}", "task=classification", *reads, *SGD, *extra]
+
+
+@pytest.fixture(scope="module")
+def classifiers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("classifiers")
+    records = out / "reviews"
+    records.mkdir()
+    train = hf_folders.reviews(64, seed=0)
+    hf_folders.write_csv(records / "train.csv", train)
+    hf_folders.write_csv(records / "val.csv", hf_folders.reviews(16, seed=1))
+    images = _image_folder(out / "images")
+    texts = [row["text"] for row in train]
+    folders = {kind: hf_folders.text_classifier(out / kind, kind, texts)
+               if TRANSFORMERS[kind] == TEXT else hf_folders.image_classifier(out / kind, kind)
+               for kind in CLASSIFIERS}  # fmt: skip
+    data = {kind: records if TRANSFORMERS[kind] == TEXT else images for kind in CLASSIFIERS}
+    runs = out / "runs"
+    for kind in CLASSIFIERS:
+        one = _classifier_run(kind, folders[kind], data[kind], f"trainer.batch_size={BATCH}")
+        run_config_here(resolved(compose(*one)), runs / kind / "single", hydra_config=True)
+    run_world(2, [world_run(f"{kind}-{s}", runs / kind / s,
+                            *_classifier_run(kind, folders[kind], data[kind], *ON_TWO[s]))
+                  for kind in CLASSIFIERS for s in ("ddp", "fsdp")])  # fmt: skip
+    return {"folders": folders, "runs": runs}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("kind", CLASSIFIERS)
+def test_a_classifier_under_each_strategy_equals_one_process(
+    classifiers: dict[str, Any], kind: str, strategy: str
+) -> None:
+    runs = classifiers["runs"] / kind
+    one = load_weights(runs / "single")
+    assert max_abs_diff(load_weights(runs / strategy), one) < 1e-5
+    assert max_abs_diff(_folders_weights(classifiers, kind), one) > 1e-4  # the steps moved it
+
+
+def _folders_weights(classifiers: dict[str, Any], kind: str) -> dict[str, torch.Tensor]:
+    auto = getattr(transformers, TRANSFORMERS[kind])
+    return auto.from_pretrained(classifiers["folders"][kind]).state_dict()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", CLASSIFIERS)
+def test_a_classifiers_export_gives_the_runs_logits(
+    classifiers: dict[str, Any], kind: str, tmp_path: Path
+) -> None:
+    run = classifiers["runs"] / kind / "single"
+    export.main([str(run), "--to", "hf", str(tmp_path / "hf")])
+    auto = getattr(transformers, TRANSFORMERS[kind])
+    exported = auto.from_pretrained(tmp_path / "hf").eval()
+    trained = auto.from_pretrained(classifiers["folders"][kind]).eval()
+    trained.load_state_dict(load_weights(run))
+    generator = torch.Generator().manual_seed(0)
+    inputs = (torch.randint(4, 100, (2, 12), generator=generator) if TRANSFORMERS[kind] == TEXT
+              else torch.randn(2, 3, 32, 32, generator=generator))  # fmt: skip
+    with torch.no_grad():
+        assert (exported(inputs).logits - trained(inputs).logits).abs().max() < 1e-5

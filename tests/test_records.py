@@ -6,68 +6,18 @@ classes, K-hot rows or values as their column says; bad input is one line."""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
-import torch
 
 from dpt.data.records import RecordsData
 from dpt.errors import DptError
 from tests.helpers import train_in_process
+from tests.hf_folders import bert_folder, reviews, write_csv
 
 transformers = pytest.importorskip("transformers")
 
-# Each class's words; every text also has filler words both classes use.
-WORDS = {"good": ["great", "fine", "lovely", "superb", "bright", "happy"],
-         "bad": ["awful", "poor", "dull", "grim", "sad", "broken"]}  # fmt: skip
-FILLER = ["the", "a", "film", "day", "was", "very", "and", "it", "quite", "so"]
 LENGTH = 16  # dataset.max_length: a text's tokens, [CLS] and [SEP] included
-
-
-def _texts(count: int, seed: int) -> list[dict[str, str]]:
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(count):
-        label = rng.choice(sorted(WORDS))
-        words = rng.sample(FILLER, 4) + rng.sample(WORDS[label], 2)
-        rng.shuffle(words)
-        rows.append({"text": " ".join(words), "label": label})
-    return rows
-
-
-def _csv(path: Path, rows: list[dict[str, object]]) -> Path:
-    import pandas as pd
-
-    pd.DataFrame(rows).to_csv(path, index=False)
-    return path
-
-
-def bert_folder(folder: Path, texts: list[str]) -> Path:
-    """A 2-layer BERT sequence classifier with a WordPiece tokenizer learned on `texts`."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
-
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
-    wordpiece = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    wordpiece.normalizer = normalizers.BertNormalizer()
-    wordpiece.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    wordpiece.train_from_iterator(
-        texts, trainers.WordPieceTrainer(vocab_size=120, special_tokens=special)
-    )
-    wordpiece.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
-    )
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=wordpiece, pad_token="[PAD]",
-                                                unk_token="[UNK]", cls_token="[CLS]",
-                                                sep_token="[SEP]")  # fmt: skip
-    fast.save_pretrained(folder)
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=wordpiece.get_vocab_size(), hidden_size=32,
-                                     num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=32,
-                                     num_labels=2, pad_token_id=0)  # fmt: skip
-    transformers.BertForSequenceClassification(config).save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +25,9 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("records")
     data = out / "reviews"
     data.mkdir()
-    train = _texts(320, seed=0)
-    for name, rows in (("train", train), ("val", _texts(64, seed=1)), ("test", _texts(64, 2))):
-        _csv(data / f"{name}.csv", rows)
+    train = reviews(320, seed=0)
+    for name, rows in (("train", train), ("val", reviews(64, seed=1)), ("test", reviews(64, 2))):
+        write_csv(data / f"{name}.csv", rows)
     return {"out": out, "data": data, "bert": bert_folder(out / "bert", [r["text"] for r in train])}
 
 
@@ -114,17 +64,17 @@ def _records(root: Path, **extra: object) -> RecordsData:
 
 
 def test_labels_become_classes_k_hot_rows_or_values_as_the_column_says(tmp_path: Path) -> None:
-    words = _records(_csv(tmp_path / "words.csv", [{"text": "ab", "label": "z"},
+    words = _records(write_csv(tmp_path / "words.csv", [{"text": "ab", "label": "z"},
                                                   {"text": "cd", "label": "y"}]))  # fmt: skip
     assert words.classes == ["y", "z"] and words.train[0][1] == 1
-    numbers = _records(_csv(tmp_path / "numbers.csv", [{"text": "ab", "label": 10},
+    numbers = _records(write_csv(tmp_path / "numbers.csv", [{"text": "ab", "label": 10},
                                                       {"text": "cd", "label": 2}]))  # fmt: skip
     assert numbers.classes == ["2", "10"] and numbers.train[0][1] == 1  # 2 before 10
     lists = tmp_path / "lists.jsonl"
     lists.write_text('{"text": "ab", "label": ["x", "w"]}\n{"text": "cd", "label": []}\n')
     k_hot = _records(lists)
     assert k_hot.classes == ["w", "x"] and k_hot.train[0][1].tolist() == [1.0, 1.0]
-    values = _records(_csv(tmp_path / "values.csv", [{"text": "ab", "label": 0.5},
+    values = _records(write_csv(tmp_path / "values.csv", [{"text": "ab", "label": 0.5},
                                                     {"text": "cd", "label": 1.5}]))  # fmt: skip
     assert values.train[1][1].tolist() == [1.5]
     ids, _ = words.train[0]
@@ -132,7 +82,7 @@ def test_labels_become_classes_k_hot_rows_or_values_as_the_column_says(tmp_path:
 
 
 def test_a_missing_column_or_an_unseen_label_is_one_line(tmp_path: Path) -> None:
-    path = _csv(tmp_path / "rows.csv", [{"review": "ab", "label": "z"}])
+    path = write_csv(tmp_path / "rows.csv", [{"review": "ab", "label": "z"}])
     with pytest.raises(DptError) as error:
         _records(path)
     assert str(error.value) == (
@@ -141,8 +91,8 @@ def test_a_missing_column_or_an_unseen_label_is_one_line(tmp_path: Path) -> None
     )
     folder = tmp_path / "split"
     folder.mkdir()
-    _csv(folder / "train.csv", [{"text": "ab", "label": "z"}])
-    _csv(folder / "val.csv", [{"text": "ab", "label": "q"}])
+    write_csv(folder / "train.csv", [{"text": "ab", "label": "z"}])
+    write_csv(folder / "val.csv", [{"text": "ab", "label": "q"}])
     with pytest.raises(DptError) as error:
         _records(folder)
     assert str(error.value) == (
