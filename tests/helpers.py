@@ -1050,3 +1050,22 @@ def runs_in_process(
         and cfg.launcher._target_.endswith(".LocalLauncher")
         and (loader_workers or cfg.dataset.num_workers == 0)
     )
+
+
+def colour_images(
+    root: Path, per_class: dict[str, int], colours: dict[str, tuple[int, int, int]], size: int
+) -> Path:
+    """An image folder: `root`/<split>/<class>/<i>.png, `per_class[split]` images of each class,
+    each its colour with a little noise (more for each next one)."""
+    from PIL import Image
+
+    for split, count in per_class.items():
+        for name, colour in colours.items():
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                noise = Image.effect_noise((size, size), 20).convert("RGB")
+                Image.blend(Image.new("RGB", (size, size), colour), noise, 0.1 + 0.05 * i).save(
+                    folder / f"{i}.png"
+                )
+    return root

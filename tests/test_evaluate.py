@@ -25,7 +25,7 @@ from dpt.data.text import TextData
 from dpt.data.text_files import text_files
 from dpt.errors import DptError
 from dpt.launch.launchers import resolved
-from tests.helpers import REPO, compose, keep_config, run_config_here
+from tests.helpers import REPO, colour_images, compose, keep_config, run_config_here
 
 COLOURS = {"blue": (30, 40, 220), "green": (40, 200, 50), "red": (220, 40, 30)}  # sorted names
 PER_CLASS = {TRAIN: 6, VAL: 3, TEST: 4}  # images a class, a split
@@ -54,15 +54,7 @@ class Runs:
 
 def _image_folder(root: Path) -> None:
     """8x8 images of three colours (a little noise each), PER_CLASS of each a split."""
-    for split, count in PER_CLASS.items():
-        for name, colour in COLOURS.items():
-            folder = root / split / name
-            folder.mkdir(parents=True)
-            for i in range(count):
-                noise = Image.effect_noise((8, 8), 20).convert("RGB")
-                Image.blend(Image.new("RGB", (8, 8), colour), noise, 0.1 + 0.05 * i).save(
-                    folder / f"{i}.png"
-                )
+    colour_images(root, PER_CLASS, COLOURS, 8)
 
 
 def _train(run_dir: Path, *overrides: str) -> Path:

@@ -29,6 +29,7 @@ from dpt.models.lora import is_lora_key
 from scripts.family_table import TRANSFORMERS
 from tests import hf_folders
 from tests.helpers import (
+    colour_images,
     compose,
     load_weights,
     max_abs_diff,
@@ -156,22 +157,6 @@ def test_the_export_gives_the_runs_logits_and_generate_answers(
     assert capsys.readouterr().out.startswith("3+4")
 
 
-def _image_folder(root: Path) -> Path:
-    """32 x 32 images of two colours (a little noise each): 8 a class to train, 2 to validate."""
-    from PIL import Image
-
-    for split, count in (("train", 8), ("val", 2)):
-        for name, colour in (("red", (200, 30, 30)), ("blue", (30, 30, 200))):
-            folder = root / split / name
-            folder.mkdir(parents=True)
-            for i in range(count):
-                noise = Image.effect_noise((32, 32), 20).convert("RGB")
-                Image.blend(Image.new("RGB", (32, 32), colour), noise, 0.1 + 0.05 * i).save(
-                    folder / f"{i}.png"
-                )
-    return root
-
-
 def _classifier_run(kind: str, folder: Path, data: Path, *extra: str) -> list[str]:
     reads = (["dataset=records", f"dataset.root={data}", "dataset.max_length=16"]
              if TRANSFORMERS[kind] == TEXT else
@@ -188,7 +173,10 @@ def classifiers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     train = hf_folders.reviews(64, seed=0)
     hf_folders.write_csv(records / "train.csv", train)
     hf_folders.write_csv(records / "val.csv", hf_folders.reviews(16, seed=1))
-    images = _image_folder(out / "images")
+    # 32 x 32 images of two colours: 8 a class to train, 2 to validate
+    images = colour_images(
+        out / "images", {"train": 8, "val": 2}, {"blue": (30, 30, 200), "red": (200, 30, 30)}, 32
+    )
     texts = [row["text"] for row in train]
     folders = {kind: hf_folders.text_classifier(out / kind, kind, texts)
                if TRANSFORMERS[kind] == TEXT else hf_folders.image_classifier(out / kind, kind)
