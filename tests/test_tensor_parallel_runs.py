@@ -1,6 +1,7 @@
 """strategy.tensor_parallel trained for real against one process on the same global batch (SGD
 at a small rate): tp = 2 for dpt's GPT and a tiny Llama-shaped transformers model; fsdp 2 x tp 2
-and pipeline 2 x tp 2 on 4 ranks (with clipping by the global norm); bf16 with recomputation
+and pipeline 2 x tp 2 on 4 ranks (with clipping by the global norm; the tiny Llama's stages
+too); bf16 with recomputation
 under tp = 2. A run stopped under fsdp 2 x tp 2 resumes on tp = 2 alone and on one process with
 the uninterrupted weights; validation counts each sample once; a rank's parameters, gradients
 and optimizer state (TensorBoard's memory/*) are half of one process's but for what each rank
@@ -81,6 +82,8 @@ def _world_runs(out: Path, world: int) -> dict[str, list[str]]:
                 *CLIP,
                 batch(GLOBAL_BATCH),
             ],
+            # a transformers decoder's stages, each running the model's own forward
+            "llama-pp2-tp2": [*llama(out), *OFF, "strategy=pipeline", *TP2, batch(GLOBAL_BATCH)],
             # fsdp 2 x tp 2, stopped by max_steps (STEPS) with a checkpoint: checked against
             # one process (its checkpoints change no weight), and what the resumed runs start from
             "gpt-fsdp2-tp2": [*fsdp_tp(out), f"checkpoint.every_n_steps={EVERY}"],
@@ -161,6 +164,7 @@ def single(runs: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
         ("llama-tp2", "llama"),
         ("gpt-fsdp2-tp2", "gpt-clip"),
         ("gpt-pp2-tp2", "gpt-clip"),
+        ("llama-pp2-tp2", "llama"),
     ],
 )
 def test_split_layers_train_as_one_process(

@@ -227,9 +227,10 @@ def decoder_layers(model: nn.Module) -> str | None:
     `_no_split_modules` names, in a model with a head and no encoder. None: not one."""
     if getattr(model.config, "is_encoder_decoder", False) or model.get_output_embeddings() is None:
         return None
-    found = [id(b) for b in _blocks(model)]
+    found = [id(b) for b in _blocks(model)]  # a stage's copy: its own (the others PassOn)
     return next((name for name, m in model.named_modules() if isinstance(m, nn.ModuleList)
-                 and found and [id(b) for b in m] == found), None)  # fmt: skip
+                 and found and [id(b) for b in m if not isinstance(b, PassOn)] == found),
+                None)  # fmt: skip
 
 
 def _decoder_parts(model: nn.Module) -> tuple[str, list[str], list[str]] | None:
@@ -293,9 +294,10 @@ def _stage_end(module: nn.Module, args: Any, output: Any) -> None:
 def _splits_as_llama(model: nn.Module) -> bool:
     """In Llama's shape, with the layers Llama's plan splits: separate query, key, value and
     output projections, and the MLP's gate, up and down projections."""
-    if not is_llama_shaped(model) or not len(model.model.layers):
+    layers = _blocks(model)  # a stage's copy: its own
+    if not is_llama_shaped(model) or not layers:
         return False
-    layer = model.model.layers[0]
+    layer = inner(layers[0])
     attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     return all(hasattr(attention, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) \
         and all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj"))  # fmt: skip
