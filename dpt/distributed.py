@@ -81,6 +81,15 @@ def init_process_group(env: DistEnv, timeout_s: float) -> None:
     """Join the world described by MASTER_ADDR/MASTER_PORT (env://)."""
     if env.world_size == 1:
         return
+    if not dist.is_initialized():  # an engine may have joined it already (Ray Train)
+        _join(env, timeout_s)
+    global _control_group
+    # Small CPU-side agreements (stop signal, non-finite loss) go over Gloo, so that under NCCL
+    # they never wait behind, or get ordered with, the gradient all-reduces on the GPU stream.
+    _control_group = dist.new_group(backend="gloo") if env.backend == "nccl" else None
+
+
+def _join(env: DistEnv, timeout_s: float) -> None:
     timeout = timedelta(seconds=timeout_s)
     kwargs: dict[str, Any] = {"backend": env.backend, "timeout": timeout}
     if env.device.type == "cuda":
@@ -93,10 +102,6 @@ def init_process_group(env: DistEnv, timeout_s: float) -> None:
         store = loopback_store(port, env.rank == 0, timeout, world_size=env.world_size)
         kwargs.update(store=store, rank=env.rank, world_size=env.world_size)
     dist.init_process_group(**kwargs)
-    global _control_group
-    # Small CPU-side agreements (stop signal, non-finite loss) go over Gloo, so that under NCCL
-    # they never wait behind, or get ordered with, the gradient all-reduces on the GPU stream.
-    _control_group = dist.new_group(backend="gloo") if env.backend == "nccl" else None
 
 
 _control_group: Any = None

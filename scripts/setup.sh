@@ -35,7 +35,7 @@ if "${pip[@]}" "uv>=0.5,<1" >/dev/null 2>&1; then
 fi
 # shellcheck disable=SC2086  # the spec is a list of requirements
 "${install[@]}" $torch_spec || "${pip[@]}" $torch_spec
-"${install[@]}" -e ".[dev,docs,mlflow,wandb]" || "${pip[@]}" -e ".[dev,docs,mlflow,wandb]"
+"${install[@]}" -e ".[dev,docs,mlflow,wandb,ray]" || "${pip[@]}" -e ".[dev,docs,mlflow,wandb,ray]"
 # dpt is installed editable: its modules are imported from this checkout, and so are the tests'
 # helpers and examples. Their .pyc files are written once here, as an install writes a package's:
 # where PYTHONDONTWRITEBYTECODE is set no process writes them, and every process (a run, its

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -55,3 +57,23 @@ class MismatchedMLP(torch.nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.net(inputs)
+
+
+class KilledOnceMLP(MLP):
+    """SIGKILLs its own process on rank $DPT_TEST_KILL_RANK at training forward call
+    $DPT_TEST_KILL_CALL, once: the first time, it leaves the file $DPT_TEST_KILL_MARKER (a rank
+    restarted with the run does not die again). A worker lost as a node or a preemption loses
+    one, with no chance to say anything."""
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.calls = getattr(self, "calls", 0) + int(self.training)
+        marker = Path(os.environ["DPT_TEST_KILL_MARKER"])
+        if (
+            self.training
+            and os.environ.get("RANK", "0") == os.environ["DPT_TEST_KILL_RANK"]
+            and self.calls == int(os.environ["DPT_TEST_KILL_CALL"])
+            and not marker.exists()
+        ):
+            marker.write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().forward(inputs)

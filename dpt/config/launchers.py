@@ -1,4 +1,5 @@
-"""`launcher`: how the workers start (dpt/launch/launchers.py): here, under torchrun, on SLURM."""
+"""`launcher`: how the workers start (dpt/launch/launchers.py): here, under torchrun, on SLURM,
+on a Ray cluster."""
 
 from __future__ import annotations
 
@@ -41,8 +42,26 @@ class SlurmLauncherConfig:
     max_num_timeout: int = at_least(0)  # times a job that reaches its time limit is requeued
 
 
+# launcher.address: a running cluster found as Ray finds it (RAY_ADDRESS, or the one started on
+# this machine), or a cluster of this process's own.
+RAY_AUTO, RAY_LOCAL = "auto", "local"
+
+
+@dataclass
+class RayLauncherConfig:
+    """Each job's ranks as Ray Train's workers (dpt/launch/ray_job.py), on a Ray cluster."""
+
+    _target_: str = "dpt.launch.ray_job.RayLauncher"
+    address: str = MISSING  # auto | local | host:port (the head's GCS address)
+    num_workers: int = at_least(1)  # = ranks
+    use_gpu: bool = MISSING  # one GPU per worker
+    cpus_per_worker: float = at_least(0)
+    max_failures: int = at_least(0)  # times Ray restarts the group after a worker died
+
+
 LAUNCHERS: dict[str, type] = {
     "local": LocalLauncherConfig,
     "torchrun": TorchrunLauncherConfig,
     "slurm": SlurmLauncherConfig,
+    "ray": RayLauncherConfig,
 }

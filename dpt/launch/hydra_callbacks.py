@@ -11,7 +11,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from dpt.errors import Abort, ConfigError, DptError
-from dpt.launch import preflight, run_lock, torchrun_job
+from dpt.launch import preflight, ray_cluster, run_lock, torchrun_job
 from dpt.launch.validate import validate
 
 RESTART_LOCK_WAIT_S = 60.0  # torchrun's agent gives a stopped worker 30 s before SIGKILL
@@ -60,6 +60,7 @@ def _validate(config: DictConfig, folder_key: str, fit: bool = False) -> None:
     (dpt.launch.preflight), before the folder is made."""
     try:
         validate(config)
+        ray_cluster.check(config.launcher)  # a cluster that does not answer: before any job
         if fit:
             preflight.check(config)
         check_writable(Path(str(OmegaConf.select(config, folder_key))), folder_key)

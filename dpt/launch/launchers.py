@@ -131,14 +131,20 @@ class SlurmLauncher:
     def run(self, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         from dpt.launch.slurm import torch_env_from_slurm
 
-        if self.world_size > 1 and not is_distributed(cfg.strategy):
-            raise DptError(
-                f"strategy={get_class(cfg.strategy._target_).name} runs one process: "
-                "use strategy=ddp, or launcher.nodes=1 launcher.tasks_per_node=1"
-            )
+        check_world(cfg, self.world_size, "launcher.nodes=1 launcher.tasks_per_node=1")
         with restored_environ():
             os.environ.update(torch_env_from_slurm(self.world_size))
             return run_worker(resolved(cfg), run_dir)
+
+
+def check_world(cfg: DictConfig, world_size: int, one: str) -> None:
+    """One line where a launcher starts `world_size` ranks for a strategy of one process (`one`:
+    the launcher's keys for a world of one)."""
+    if world_size > 1 and not is_distributed(cfg.strategy):
+        raise DptError(
+            f"strategy={get_class(cfg.strategy._target_).name} runs one process: "
+            f"use strategy=ddp, or {one}"
+        )
 
 
 def require_torchrun_env() -> None:
