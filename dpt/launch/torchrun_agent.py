@@ -7,6 +7,7 @@ report (a traceback and a table of every failure); dpt-torchrun with the line dp
 prints, the rank that failed, why, and its log (`Error: rank 1 failed: killed by SIGKILL (log:
 <run>/logs/rank1.log)`), exit 1. The agent's own log lines (each failure, each shutdown step)
 are left out: the ranks say what happened, a restart too (`torchrun restart 1 of 2: ...`).
+Started by SkyPilot or dstack, it takes the world from their variables (dpt/launch/cluster_env.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn
 
+from dpt.launch.cluster_env import torchrun_variables
 from dpt.launch.torchrun_job import RUN_DIR_NOTE
 
 
@@ -27,6 +29,7 @@ def main() -> NoReturn:
 
     from dpt.launch.local_world import describe_failure, describe_stop, quiet_elastic_logs
 
+    os.environ.update(torchrun_variables(os.environ))  # SkyPilot's or dstack's world
     args = parse_args(sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="dpt-torchrun-") as notes:
         note = Path(notes) / "run_dir"
