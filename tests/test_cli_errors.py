@@ -33,14 +33,14 @@ CASES = [
         "trainer.bogus=1",
         "Error: trainer.bogus: unknown key; allowed keys: epochs, max_steps, "
         "batch_size, seed, log_every_n_steps, val_every_n_steps, val_batches, device, timeout_s, "
-        "precision, grad_accum_steps, "
+        "stop_within, precision, grad_accum_steps, "
         "grad_clip_norm, compile, peak_tflops, on_nonfinite, early_stopping",
     ),
     (
         "+trainer.bogus=1",
         "Error: trainer.bogus: unknown key; allowed keys: epochs, max_steps, "
         "batch_size, seed, log_every_n_steps, val_every_n_steps, val_batches, device, timeout_s, "
-        "precision, grad_accum_steps, "
+        "stop_within, precision, grad_accum_steps, "
         "grad_clip_norm, compile, peak_tflops, on_nonfinite, early_stopping",
     ),
     (

@@ -80,6 +80,30 @@ def test_agreements_are_spaced_by_the_slowest_ranks_time() -> None:
     assert not resumed.due(44) and resumed.due(45)
 
 
+def test_a_stop_deadline_brings_the_next_agreement_within_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """trainer.stop_within: a stop signalled just after an agreement waits for the steps to the
+    next and a checkpoint; those fit in the deadline (a fifth to spare), between log steps
+    where they must."""
+    agreement = Agreement(CPU1, 10**6, "error", log_every=10, stop_within=5.0)
+    assert agreement.due(1)  # the first step: its time plans the next
+    agreement.checkpoint_s = 1.0
+    agreement._plan(10, slowest_s=10.0)  # 1 s a step: 3 and a checkpoint fit in 4 s of 5
+    assert agreement.next_step == 13 and not agreement.due(12) and agreement.due(13)
+    agreement._plan(13, slowest_s=0.003)  # 1 ms steps: the log steps' own spacing decides
+    assert agreement.next_step == 60
+    with caplog.at_level(logging.WARNING, logger="dpt"):
+        agreement._plan(60, slowest_s=282.0)  # 6 s a step: no step fits; every step, said once
+        agreement._plan(61, slowest_s=6.0)
+    assert agreement.next_step == 62
+    assert [r.getMessage() for r in caplog.records] == [
+        "trainer.stop_within=5: a step takes 6.0 s and a checkpoint 1.0 s, longer than that: a "
+        "SIGTERM mid-step ends before its checkpoint (the run resumes from the newest one); "
+        "checkpoint more often (checkpoint.every_n_steps) or give the engine a longer grace"
+    ]
+
+
 def test_a_real_agreement_plans_the_next_from_its_own_collective() -> None:
     agreement = Agreement(CPU1, last_step=10**6, on_nonfinite="error", log_every=1)
     time.sleep(0.001)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +152,29 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_resumes(tmp_path: Pat
     assert (tmp_path / "cut" / "checkpoints" / f"step-{step:08d}" / "COMMITTED").exists()
     run_here(tmp_path / "cut", *common)
     _assert_same_weights(tmp_path / "full", tmp_path / "cut")
+
+
+@pytest.mark.timeout(120)
+def test_a_sigterm_under_a_deadline_ends_in_a_checkpoint_within_it(tmp_path: Path) -> None:
+    """trainer.stop_within=2 (a preemption's grace): steps of 0.2 s logged every 50 (10 s a
+    window, which a stop would otherwise wait for): the ranks agree between log steps, and the
+    SIGTERM ends in a committed checkpoint within the 2 s, said in the stop's line."""
+    overrides = [*FAST, "model._target_=tests.faults.SlowMLP", "trainer.log_every_n_steps=50",
+                 "trainer.max_steps=200", "trainer.stop_within=2"]  # fmt: skip
+    env = {"DPT_TEST_SLOW_RANK": "0", "DPT_TEST_SLOW_S": "0.2", "OMP_NUM_THREADS": "1"}
+
+    def preempt(proc: Any, line: str) -> None:
+        time.sleep(1.0)  # a few steps in
+        os.killpg(proc.pid, signal.SIGTERM)
+
+    stopped = run_until(tmp_path / "run", overrides, "[rank 0] pid", preempt, env=env)
+    message = stopped.stderr.strip().splitlines()[-1]
+    found = re.search(r"after step (\d+); checkpoint written to \S+ (\d+\.\d) s after the "
+                      r"signal \(trainer\.stop_within=2\)\. Resume", message)  # fmt: skip
+    assert found, message
+    step, took = int(found[1]), float(found[2])
+    assert took <= 2.0 and 1 <= step < 50, message  # before the first log step
+    assert (tmp_path / "run" / "checkpoints" / f"step-{step:08d}" / "COMMITTED").exists()
 
 
 @pytest.mark.timeout(300)

@@ -62,6 +62,11 @@ class TrainerConfig:
     # Seconds a rank waits in a collective before it fails; the run then names the rank that
     # stopped answering.
     timeout_s: float = above(0, 300.0)
+    # The grace a preemption gives between its SIGTERM and its SIGKILL (Kubernetes' 30 s, SLURM's
+    # --signal lead): the ranks agree often enough that a stop ends in a committed checkpoint
+    # within it, or say in one line that a step and a checkpoint take longer. null: no deadline
+    # (a stop waits for the next logging window).
+    stop_within: float | None = above(0, None, null="no deadline")
     # 32, bf16-mixed (autocast on CPU and CUDA) or 16-mixed (CUDA, with a gradient scaler).
     precision: str = one_of(PRECISIONS, "32")
     # Micro-batches per optimizer step; ddp all-reduces (fsdp reduce-scatters) only on the last.

@@ -37,6 +37,8 @@ log = logging.getLogger("dpt")
 SPACING_S = 0.05
 # The most logging windows one agreement carries (its collective sends 7 floats per window).
 MAX_WINDOWS = 100
+# The share of trainer.stop_within that the steps to the next agreement and a checkpoint may take.
+STOP_SHARE = 0.8
 
 
 class NonFiniteLoss(DptError):
@@ -111,12 +113,16 @@ class Agreement:
         log_every: int = 1,
         spacing_s: float | None = None,  # None: SPACING_S
         every_step: bool = False,  # an update waits for its verdict (the monitor's `skip`)
+        stop_within: float | None = None,  # trainer.stop_within: a stop's deadline, seconds
     ) -> None:
         self.env, self.last_step, self.on_nonfinite = env, last_step, on_nonfinite
         self.log_every, self._every_step = log_every, every_step
         self.spacing_s = SPACING_S if spacing_s is None else spacing_s
-        self.next_step = log_every  # the first log step
+        self.stop_within, self.checkpoint_s = stop_within, 0.0  # the newest checkpoint's time
+        # The first log step; under a deadline the first step, whose time plans the next
+        self.next_step = 1 if stop_within else log_every
         self._agreed_step, self._agreed_at = 0, time.perf_counter()
+        self._warned = False
 
     @property
     def every_step(self) -> bool:
@@ -124,8 +130,11 @@ class Agreement:
 
     def due(self, step: int) -> bool:
         """Whether the loop's cadence calls for an agreement at `step`: every step under
-        on_nonfinite=skip, else at log steps at least `spacing_s` apart (as planned)."""
-        return self.every_step or (step % self.log_every == 0 and step >= self.next_step)
+        on_nonfinite=skip, else at log steps at least `spacing_s` apart (as planned), sooner
+        where trainer.stop_within needs it."""
+        if self.every_step or self.stop_within:  # a deadline's plan may fall between log steps
+            return self.every_step or step >= self.next_step
+        return step % self.log_every == 0 and step >= self.next_step
 
     def start_at(self, step: int) -> None:
         """A resumed run: the next log step after `step` is due."""
@@ -168,6 +177,28 @@ class Agreement:
         windows = math.ceil(self.spacing_s / window_s) if window_s > 0 else MAX_WINDOWS
         windows = min(max(windows, 1), MAX_WINDOWS)
         self.next_step = (step // self.log_every + windows) * self.log_every
+        if self.stop_within:
+            self.next_step = min(
+                self.next_step, step + self._steps_within(window_s / self.log_every)
+            )
+
+    def _steps_within(self, step_s: float) -> int:
+        """The most steps between agreements that leave a stop signalled just after one time
+        for them and a checkpoint within trainer.stop_within, a fifth of it to spare (the first
+        checkpoint's time is not known yet); at least one (said in one line, once, where one
+        step and a checkpoint take longer)."""
+        assert self.stop_within is not None
+        budget = STOP_SHARE * self.stop_within - self.checkpoint_s
+        steps = int(budget // step_s) if step_s > 0 else 1 << 30
+        if steps < 1 and not self._warned and self.env.is_main:
+            self._warned = True
+            log.warning(
+                f"trainer.stop_within={self.stop_within:g}: a step takes {step_s:.1f} s and a "
+                f"checkpoint {self.checkpoint_s:.1f} s, longer than that: a SIGTERM mid-step "
+                "ends before its checkpoint (the run resumes from the newest one); checkpoint "
+                "more often (checkpoint.every_n_steps) or give the engine a longer grace"
+            )
+        return max(steps, 1)
 
     def _code(self, first_step: int) -> int:
         """The max over ranks picks the earliest bad step, then the lowest rank with it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType
 
@@ -27,12 +28,14 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
+        self.at: float | None = None  # when it arrived (time.monotonic)
 
     def __bool__(self) -> bool:
         return self.signal_name is not None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.signal_name = signal.Signals(signum).name
+        self.at = self.at or time.monotonic()
 
 
 @contextlib.contextmanager

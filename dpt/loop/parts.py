@@ -191,7 +191,7 @@ def build_parts(
                               copies=strategy.copies,
                               flush_s=_tensorboard_flush(cfg.groups)),
         agreement=Agreement(env, total_steps, cfg.monitor.nonfinite.action, t.log_every_n_steps,
-                            every_step=monitor.every_step),
+                            every_step=monitor.every_step, stop_within=t.stop_within),
         monitor=monitor,
         diagnostics=GradDiagnostics(model, cfg.monitor.grad_diagnostics_every),
         validation=Validation(loaders.val, env, task, precision.autocast, to_device,

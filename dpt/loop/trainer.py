@@ -300,9 +300,19 @@ class Trainer:
         where = f" to {path}" if path else ""
         raise Interrupted(
             f"stopped by {stop.signal_name} after step {self.progress.step}; checkpoint "
-            f"written{where}. Resume: the same command with hydra.run.dir={self.parts.run_dir} "
-            "(checkpoint.resume=auto picks the newest checkpoint)"
+            f"written{where}{self._in_time(stop)}. Resume: the same command with "
+            f"hydra.run.dir={self.parts.run_dir} (checkpoint.resume=auto picks the newest "
+            "checkpoint)"
         )
+
+    def _in_time(self, stop: StopRequest) -> str:
+        """` 1.2 s after the signal (trainer.stop_within=30)`, where the run has a deadline."""
+        grace = self.settings.stop_within
+        if grace is None or stop.at is None:
+            return ""
+        took = time.monotonic() - stop.at
+        late = "" if took <= grace else ", past it: the last step took longer than the grace"
+        return f" {took:.1f} s after the signal (trainer.stop_within={grace:g}{late})"
 
     # --- epochs -------------------------------------------------------------------------------
 
@@ -385,8 +395,11 @@ class Trainer:
         if not self.parts.checkpoint_settings.enabled:
             return None
         self.metrics.flush()  # the curves up to this step, on their way to disk first
+        started = time.perf_counter()
         with self.metrics.outside_windows():
-            return self.parts.checkpoints.save(self.state_parts(), self.progress.step)
+            path = self.parts.checkpoints.save(self.state_parts(), self.progress.step)
+        self.agreement.checkpoint_s = time.perf_counter() - started  # a stop's deadline needs it
+        return path
 
     def resume(self) -> Committed | None:
         """Load the checkpoint `checkpoint.resume` picks, if any; the metrics continue there."""
