@@ -211,11 +211,7 @@ def test_the_pods_command_trains_as_one_node_and_a_sigterm_ends_in_a_resumable_c
     one = tmp_path / "one-node"
     train(one, *overrides, "launcher.nproc_per_node=2", timeout=150, env=ONE_THREAD)
 
-    whole = _in_a_clone(tmp_path / "whole")
-    _run_pods(pods, whole)
     run_dir = run_dir_arg.split("=", 1)[1]
-    assert max_abs_diff(load_weights(whole / run_dir), load_weights(one)) < 1e-5
-
     stopped = _in_a_clone(tmp_path / "stopped")
     took = _preempt(pods, stopped, "step 50/")
     assert max(took) < GRACE_S, took  # the checkpoint, then the end, within the grace
@@ -224,4 +220,5 @@ def test_the_pods_command_trains_as_one_node_and_a_sigterm_ends_in_a_resumable_c
     assert 50 <= step < 300, newest  # the preemption's own checkpoint, mid-run
     resumed = _run_pods(pods, stopped)  # the resubmitted pods: the same command
     assert "resumed from" in resumed[0].stdout, resumed[0].stdout
-    assert max_abs_diff(load_weights(stopped / run_dir), load_weights(whole / run_dir)) < 1e-6
+    # Preempted, resumed, and still what the same world trains on one machine, uninterrupted
+    assert max_abs_diff(load_weights(stopped / run_dir), load_weights(one)) < 1e-6

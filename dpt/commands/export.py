@@ -175,7 +175,7 @@ def _special_ids(model: nn.Module, tokenizer: Any) -> None:
     config = model.config
     vocabulary = getattr(config, "vocab_size", None)  # an image model has none
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        mine = getattr(tokenizer, name, None) if tokenizer is not None else None
+        mine = getattr(tokenizer, name, None)  # a byte-level run's tokenizer: None
         value = mine if mine is not None else getattr(config, name, None)
         if value is not None and vocabulary is not None and not 0 <= value < vocabulary:
             value = None

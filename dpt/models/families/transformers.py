@@ -170,6 +170,7 @@ class TransformersFamily(Family):
         hidden = int(model.config.hidden_size)
         for layer in layers:
             attention = _attention(layer)
+            assert attention is not None  # as the plan was chosen (_separate_attention)
             split(layer, mesh, whole_stream_layer(layer, attention, QKV, hidden))
             _local_heads(layer.get_submodule(attention), mesh.size())
 
@@ -303,10 +304,12 @@ def _splits_as_llama(model: nn.Module) -> bool:
         and all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj"))  # fmt: skip
 
 
-def _attention(layer: nn.Module) -> str:
-    """The name of a decoder layer's attention: its child with query, key and value layers."""
-    return next(name for name, child in layer.named_children()
-                if all(isinstance(getattr(child, n, None), nn.Linear) for n in QKV))  # fmt: skip
+def _attention(layer: nn.Module) -> str | None:
+    """The name of a decoder layer's attention: its child with query, key and value layers of
+    their own; None: it has none."""
+    return next((name for name, child in layer.named_children()
+                 if all(isinstance(getattr(child, n, None), nn.Linear) for n in QKV)),
+                None)  # fmt: skip
 
 
 def _separate_attention(model: nn.Module) -> bool:
@@ -314,10 +317,8 @@ def _separate_attention(model: nn.Module) -> bool:
     if decoder_layers(model) is None or any(name.endswith(FUSED_ATTENTION)
                                             for name, _ in model.named_modules()):  # fmt: skip
         return False
-    layer = inner(_blocks(model)[0])
-    return any(all(isinstance(getattr(child, n, None), nn.Linear) for n in QKV)
-               for child in layer.children()) and any(hasattr(model.config, key)
-                                                      for key in MLP_WIDTHS)  # fmt: skip
+    has_width = any(hasattr(model.config, key) for key in MLP_WIDTHS)
+    return has_width and _attention(inner(_blocks(model)[0])) is not None
 
 
 def _local_heads(attention: nn.Module, degree: int) -> None:
