@@ -5,16 +5,14 @@ its first step)."""
 from __future__ import annotations
 
 import importlib.util
-import socket
 from urllib.parse import urlsplit
 
 from omegaconf import DictConfig, OmegaConf
 
 from dpt.config.loggers import EXTRAS, MLFLOW, MLFLOW_SCHEMES, chosen
 from dpt.errors import ConfigError
+from dpt.launch.answers import why_silent
 from dpt.observe.trackers.opening import needs_package
-
-CONNECT_TIMEOUT_S = 5.0
 
 
 def check_loggers(cfg: DictConfig) -> None:
@@ -47,11 +45,9 @@ def check_reachable(uri: str) -> None:
     if not parts.scheme.startswith("http"):
         return  # a local store (sqlite:///, file:) or a named service (databricks)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parts.hostname or "", port), CONNECT_TIMEOUT_S):
-            return
-    except OSError as error:
-        reason = error.strerror or type(error).__name__
+    reason = why_silent(parts.hostname or "", port)
+    if reason is None:
+        return
     raise ConfigError(
         f"logger.mlflow.tracking_uri={uri}: no MLflow server answers there ({reason}); start "
         "one (mlflow server --backend-store-uri sqlite:///mlflow.db --port 5000), set "

@@ -6,14 +6,13 @@ Ray's retries inside the first job.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from dpt.config.launchers import RAY_AUTO, RAY_LOCAL, RayLauncherConfig
 from dpt.errors import ConfigError
-from dpt.launch.logger_checks import CONNECT_TIMEOUT_S  # as a tracker's server is asked
+from dpt.launch.answers import why_silent
 
 
 def head_address(address: str) -> str | None:
@@ -49,14 +48,12 @@ def check_reachable(address: str) -> None:
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         raise ConfigError(f"launcher.address={address}: expected auto, local or host:port")
-    try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as error:
+    reason = why_silent(host, int(port))
+    if reason is not None:
         raise ConfigError(
-            f"launcher.address={address}: no Ray cluster answers there "
-            f"({error.strerror or type(error).__name__}); start one (ray start --head "
-            f"--port={port}) or name a running cluster's head"
-        ) from error
+            f"launcher.address={address}: no Ray cluster answers there ({reason}); start one "
+            f"(ray start --head --port={port}) or name a running cluster's head"
+        )
 
 
 def check(launcher: DictConfig) -> None:
