@@ -104,6 +104,24 @@ def test_a_stop_deadline_brings_the_next_agreement_within_it(
     ]
 
 
+def test_every_rank_plans_a_deadline_with_the_worlds_slowest_checkpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The next agreement is a collective: each rank plans it from the world's numbers, the
+    slowest checkpoint among them (here another rank's 3 s against this one's 1 s)."""
+    mine = Agreement(CPU1, 10**6, "error", log_every=10, stop_within=5.0)
+    mine.checkpoint_s = 1.0
+
+    def world(row: list[float], env: object) -> list[list[float]]:
+        other = list(row)
+        other[3] = 3.0  # the other rank's checkpoint_s
+        return [row, other]
+
+    monkeypatch.setattr(agreement, "all_gather_floats", world)
+    mine.agree(StopRequest(), 1, [0.5], [])
+    assert mine.checkpoint_s == 3.0
+
+
 def test_a_real_agreement_plans_the_next_from_its_own_collective() -> None:
     agreement = Agreement(CPU1, last_step=10**6, on_nonfinite="error", log_every=1)
     time.sleep(0.001)

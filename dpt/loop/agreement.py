@@ -57,6 +57,7 @@ class Header(NamedTuple):
     nonfinite: float  # its first non-finite loss since the last agreement, coded (0: none)
     stop: float  # 1: a stop signal reached it
     seconds: float  # its training time since the last agreement
+    checkpoint_s: float  # its newest checkpoint's time (trainer.stop_within plans with the max)
 
 
 @dataclass
@@ -132,8 +133,10 @@ class Agreement:
         """Whether the loop's cadence calls for an agreement at `step`: every step under
         on_nonfinite=skip, else at log steps at least `spacing_s` apart (as planned), sooner
         where trainer.stop_within needs it."""
-        if self.every_step or self.stop_within:  # a deadline's plan may fall between log steps
-            return self.every_step or step >= self.next_step
+        if self.every_step:
+            return True
+        if self.stop_within:  # a deadline's plan may fall between log steps
+            return step >= self.next_step
         return step % self.log_every == 0 and step >= self.next_step
 
     def start_at(self, step: int) -> None:
@@ -149,10 +152,13 @@ class Agreement:
         on_nonfinite=error."""
         first_step, first_loss = _first_nonfinite(losses, step - len(losses) + 1)
         now = time.perf_counter()
-        mine = Header(float(self._code(first_step)), float(bool(stop)), now - self._agreed_at)
+        mine = Header(float(self._code(first_step)), float(bool(stop)), now - self._agreed_at,
+                      self.checkpoint_s)  # fmt: skip
         rows = all_gather_floats([*mine, *payload], self.env)
         size = len(Header._fields)
         heads = [Header(*row[:size]) for row in rows]
+        # Every rank plans the same next agreement (a collective): from the world's numbers.
+        self.checkpoint_s = max(head.checkpoint_s for head in heads)
         self._plan(step, max(head.seconds for head in heads))
         self._agreed_at = now
         stop_now = any(head.stop for head in heads)
