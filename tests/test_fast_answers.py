@@ -1,10 +1,12 @@
-"""`--help`, `--cfg job` and every config error answer at once: no torch is imported for them."""
+"""`--help`, `--cfg job` and every config error answer at once: they import the config machinery
+(Hydra and its own packages) and dpt's checks, never torch, numpy or a tracker. What is imported
+is checked, not how long it took: a timed bound fails on a busy machine (the seconds to an answer
+belong in the benchmarks)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,8 @@ from omegaconf import OmegaConf
 from dpt.launch.cli import launcher_prefix
 from tests.helpers import REPO
 
-# Runs dpt's entry point in a fresh interpreter and reports, after it exits, whether torch was
-# ever imported (sys.modules keeps every module imported so far).
+# Runs dpt's entry point in a fresh interpreter and reports, after it exits, the top-level
+# packages outside the standard library it ever imported (sys.modules keeps every one).
 PROBE = """
 import sys
 from dpt.launch.cli import main
@@ -25,8 +27,14 @@ try:
     code = 0
 except SystemExit as stop:
     code = stop.code or 0
-print(f"PROBE torch={'torch' in sys.modules} exit={code}", file=sys.stderr)
+top = {name.partition(".")[0] for name in sys.modules}
+found = sorted(n for n in top - set(sys.stdlib_module_names) if not n.startswith("_"))
+print(f"PROBE imported={','.join(found)} exit={code}", file=sys.stderr)
 """
+# Hydra, its parser and configs (antlr4, omegaconf, yaml, attr, packaging) and dpt itself;
+# cython_runtime is the compiled YAML reader's.
+CONFIG_MACHINERY = {"antlr4", "attr", "cython_runtime", "dpt", "hydra", "hydra_plugins",
+                    "omegaconf", "packaging", "yaml"}  # fmt: skip
 
 CASES = {
     "help": (["--help"], 0),
@@ -41,11 +49,10 @@ CASES = {
     "fsdp precision": (["strategy=fsdp", "trainer.precision=16-mixed"], 1),
     "early stopping": (["trainer.early_stopping.patience=2", "dataset.num_val_samples=0"], 1),
 }
-LIMIT_S = 2.0
 
 
-def _probe(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
-    start = time.monotonic()
+def _probe(args: list[str], cwd: Path) -> tuple[set[str], int, str]:
+    """The packages the answer imported, its exit code and what it wrote to stderr."""
     result = subprocess.run(
         [sys.executable, "-c", PROBE, *args, f"hydra.run.dir={cwd}/run"],
         cwd=cwd,
@@ -53,23 +60,24 @@ def _probe(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str]
         text=True,
         timeout=60,
     )
-    return result, time.monotonic() - start
+    line = result.stderr.rstrip().rpartition("\n")[2]
+    assert line.startswith("PROBE imported="), result.stderr
+    imported, _, code = line.removeprefix("PROBE imported=").partition(" exit=")
+    return set(imported.split(",")), int(code), result.stderr
 
 
 @pytest.mark.slow  # a fresh interpreter each
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("args", "code"), CASES.values(), ids=CASES.keys())
-def test_answers_without_torch_in_under_two_seconds(
+def test_answers_import_only_the_config_machinery(
     tmp_path: Path, args: list[str], code: int
 ) -> None:
-    result, elapsed = _probe(args, tmp_path)
-    assert f"PROBE torch=False exit={code}" in result.stderr, result.stderr
+    imported, exit_code, stderr = _probe(args, tmp_path)
+    assert exit_code == code, stderr
+    assert imported - CONFIG_MACHINERY == set(), stderr
     if code:
-        assert result.stderr.startswith("Error: "), result.stderr
+        assert stderr.startswith("Error: "), stderr
         assert not (tmp_path / "run").exists()
-    if elapsed >= LIMIT_S:  # a busy machine: the better of two tries
-        elapsed = min(elapsed, _probe(args, tmp_path)[1])
-    assert elapsed < LIMIT_S, f"{elapsed:.2f} s"
 
 
 @pytest.mark.slow  # a fresh interpreter

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from dpt.errors import DptError
+
+if TYPE_CHECKING:  # numpy is imported where arrays are made: config checks read this module
+    import numpy as np
 
 BYTES = "bytes"  # dataset.tokenizer's default: UTF-8 bytes, one token each
 RUN_FILE = "tokenizer.json"  # a run's copy of its tokenizers file, beside data.json
@@ -41,6 +42,8 @@ class Tokenizer:
 
     def encode_array(self, text: str, dtype: str) -> np.ndarray:
         """`encode` as an array of `dtype` (the token file's)."""
+        import numpy as np
+
         return np.asarray(self.encode(text), dtype=dtype)
 
     def fingerprint(self) -> str:
@@ -70,6 +73,8 @@ class ByteTokenizer(Tokenizer):
         return bytes(ids).decode("utf-8", errors="replace")
 
     def encode_array(self, text: str, dtype: str) -> np.ndarray:
+        import numpy as np
+
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(dtype)
 
     def fingerprint(self) -> str:
