@@ -1,7 +1,7 @@
 """The engines clusters run on, as docs/guides/clusters.md shows them: Kubeflow's manifests
 (their kinds, the pod's command, the run folder on the shared volume), the pod's command run
 in two network namespaces with exactly the variables the operator injects (2 pods x 1 rank
-train as 2 ranks of one machine; a SIGTERM to the pods ends in a committed checkpoint well
+train as one process; a SIGTERM to the pods ends in a committed checkpoint well
 within their 30 s of grace, and the same command again resumes to the uninterrupted weights),
 and SkyPilot's and dstack's task lines given their engines' variables (the world they start)."""
 
@@ -27,12 +27,13 @@ from tests.helpers import (
     TRAIN,
     Result,
     committed_checkpoints,
+    compose,
     free_port,
     load_weights,
     max_abs_diff,
     run_cmd,
+    run_here,
     start,
-    train,
 )
 from tests.netns import TwoHosts
 
@@ -200,16 +201,16 @@ def _preempt(pods: list[list[str]], folder: Path, at: str) -> list[float]:
 
 @pytest.mark.slow  # worlds of ranks in network namespaces
 @pytest.mark.timeout(300)
-def test_the_pods_command_trains_as_one_node_and_a_sigterm_ends_in_a_resumable_checkpoint(
+def test_the_pods_command_trains_as_one_process_and_a_sigterm_ends_in_a_resumable_checkpoint(
     two_hosts: TwoHosts, tmp_path: Path
 ) -> None:
     pods = _pods(two_hosts)
     run_dir_arg = next(a for a in pods[0] if a.startswith("hydra.run.dir="))
     overrides = [a for a in pods[0][pods[0].index("launcher=torchrun") + 1 :] if a != run_dir_arg]
-    # The same world on one machine (one process on the same global batch differs by the
-    # threads' order of sums, which Adam's 300 steps grow past 1e-5)
-    one = tmp_path / "one-node"
-    train(one, *overrides, "launcher.nproc_per_node=2", timeout=150, env=ONE_THREAD)
+    # One process on the same global batch: the 2 pods' ranks of the default batch each
+    one = tmp_path / "one-process"
+    batch = compose(*overrides).trainer.batch_size
+    run_here(one, *overrides, "strategy=single", f"trainer.batch_size={2 * batch}")
 
     run_dir = run_dir_arg.split("=", 1)[1]
     stopped = _in_a_clone(tmp_path / "stopped")
@@ -220,5 +221,5 @@ def test_the_pods_command_trains_as_one_node_and_a_sigterm_ends_in_a_resumable_c
     assert 50 <= step < 300, newest  # the preemption's own checkpoint, mid-run
     resumed = _run_pods(pods, stopped)  # the resubmitted pods: the same command
     assert "resumed from" in resumed[0].stdout, resumed[0].stdout
-    # Preempted, resumed, and still what the same world trains on one machine, uninterrupted
+    # Preempted, resumed, and still what one process trains, uninterrupted
     assert max_abs_diff(load_weights(stopped / run_dir), load_weights(one)) < 1e-6

@@ -71,7 +71,7 @@ SKIPPED = {
         "a Ray head that runs until stopped (`ray stop` kills every Ray process of the machine "
         "by name); tests/test_ray.py starts one with these options on a free port"
     ),
-    "python train.py -m launcher=ray": (
+    "python train.py -m hydra/launcher=joblib hydra.launcher.n_jobs=2 launcher=ray": (
         "needs the line before's Ray cluster; tests/test_ray.py runs such a sweep on its head"
     ),
     "python train.py -m hydra/launcher=joblib hydra.launcher.n_jobs=2 strategy=ddp": (
