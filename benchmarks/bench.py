@@ -24,7 +24,10 @@ step time, each stage's measured bubble against (p-1)/(m+p-1), the state per sta
 process; writes only its own section), `tensor_parallel` (not run by default: the same GPT with
 every layer split over 2 ranks by `strategy.tensor_parallel=2`, against one process: per step
 time, each rank's state against one process's, the collectives' time per step from
-torch.profiler; writes only its own section). benchmarks/README.md says more.
+torch.profiler; writes only its own section), `trackers` (not run by default: the default job
+logging every 10 steps with MLflow and the CSV file beside TensorBoard, against TensorBoard
+alone, and the steps the MLflow runs hold; writes only its own section). benchmarks/README.md
+says more.
 
 Every comparison alternates its contenders run by run (A, B, A, B, ...) and reports medians and
 paired ratios: on a shared machine single absolute times say little. Runs go to a temporary
@@ -55,13 +58,14 @@ from benchmarks import (
     startup,
     sync,
     tensor_parallel,
+    trackers,
 )
 from benchmarks.report import document
 from benchmarks.runner import REPO, RunError, Say
 
 SECTIONS = (
     "loops", "startup", "pipeline", "sync", "gpu", "memory", "monitor", "baseline", "gpt",
-    "pipeline_parallel", "tensor_parallel",
+    "pipeline_parallel", "tensor_parallel", "trackers",
 )  # fmt: skip
 DEFAULT_SECTIONS = SECTIONS[:5]  # memory, monitor, baseline, gpt, the parallelisms: on their own
 REPORT = REPO / "docs"  # where a measurement's report goes: docs/performance.md, tracked
@@ -79,6 +83,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Path, Say], dict[str, Any]]] = 
     "gpt": gpt.run,
     "pipeline_parallel": pipeline_parallel.run,
     "tensor_parallel": tensor_parallel.run,
+    "trackers": trackers.run,
 }
 # Where the classes in results saved with --save before the benchmarks were a package now live.
 _MOVED = {"bench_common": "benchmarks.runner", "bench_runs": "benchmarks.jobs"}

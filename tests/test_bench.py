@@ -630,3 +630,36 @@ def test_tensor_parallel_one_process_reports_its_state_by_kind() -> None:
     # SGD's momentum is one buffer per parameter: the three kinds are the same size
     assert state["params_mb"] == state["grads_mb"] == state["optimizer_mb"] > 0
     assert state["state_mb"] == pytest.approx(3 * state["params_mb"])
+
+
+# --- the trackers section ------------------------------------------------------------------------
+
+
+def test_trackers_report_pairs_each_rounds_paces_and_counts_what_mlflow_holds(
+    tmp_path: Path,
+) -> None:
+    """What `--sections trackers` measures (numbers made up): 2 rounds each."""
+    from benchmarks import bench
+    from benchmarks.report import document
+
+    assert "trackers" in bench.RUNNERS and "trackers" not in bench.DEFAULT_SECTIONS
+    alone = [{"steady": 100_000.0, "logged": 400}, {"steady": 80_000.0, "logged": 400}]
+    both = [{"steady": 99_000.0, "logged": 400, "held": 400},
+            {"steady": 76_000.0, "logged": 400, "held": 399}]  # fmt: skip
+    measured = {"trackers": {
+        "runs": {"[tensorboard]": alone, "[tensorboard,mlflow,csv]": both}, "steps": 4000,
+        "log_every": 10, "threads": 1, "quick": False, "smoke": False, "rounds": 2,
+        "date": "today", "duration_s": 60.0, "load": ((1.0, 1.0, 1.0), (2.0, 2.0, 2.0)),
+        "cores": 2,
+    }}  # fmt: skip
+    path = tmp_path / document.REPORT
+    path.write_text("# Performance\n\nthe rest, as it was\n")
+    document.write_marked(tmp_path, measured)
+    section = path.read_text().split("the rest, as it was\n\n", 1)[1]
+    assert section.startswith("<!-- bench_trackers -->\n## 15. Trackers off the step")
+    assert "`python -m benchmarks --sections trackers --rounds 2`" in section
+    # the paces' medians; the ratios paired round by round: 0.99 and 0.95
+    assert "| `logger=[tensorboard]` | 90,000 (80,000-100,000) | 1.000 | - |" in section
+    assert "| `logger=[tensorboard,mlflow,csv]` | 87,500 (76,000-99,000) | 0.970 (0.950-0.990) " \
+        "| 799 of 800 |" in section  # fmt: skip
+    assert "| 0.970 (0.950-0.990) | **not met** (met in some rounds) |" in section

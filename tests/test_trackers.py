@@ -8,7 +8,6 @@ import math
 import shlex
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 from urllib.request import urlopen
@@ -135,51 +134,57 @@ def test_an_optuna_search_is_a_parent_run_with_a_child_run_per_trial(
     assert {float(r.data.params["optimizer.lr"]) for r in trials} == lrs and len(lrs) == 2
 
 
-def _kill_when_logged(uri: str, run_dir: Path, step: int) -> Any:
-    """On the marker: wait until MLflow holds `step`, then SIGKILL the run (the steps it
-    logged after its last checkpoint are in MLflow: a resume trains them again)."""
-    import json
+def _kill(proc: Process, line: str) -> None:
+    """SIGKILL the run and its trackers' process, right after a logging window: what was held
+    for the trackers' next batch, and what they had not written yet, goes with them."""
     import os
 
-    def kill(proc: Process, line: str) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            ids = json.loads((run_dir / "trackers.json").read_text())
-            if any(s >= step for s, _ in metric_steps(uri, ids["mlflow"]["run_id"], "train/loss")):
-                break
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)
-
-    return kill
+    os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
-def test_a_killed_and_resumed_run_is_one_mlflow_run_without_steps_twice(
+def test_a_run_killed_after_a_logging_window_resumes_with_every_step_in_mlflow_and_the_csv(
     mlflow_uri: str, tmp_path: Path
 ) -> None:
+    """Nothing lost to batching, nothing twice: the resumed run sends its checkpoint's history
+    that MLflow lacks, then the steps it trains again that MLflow does not hold."""
     uri, run_dir = mlflow_uri, tmp_path / "run"
     args = [*LONG, "logger=[tensorboard,mlflow,csv]", f"logger.mlflow.tracking_uri={uri}",
             f"hydra.run.dir={run_dir}"]  # fmt: skip
-    killed = cmd_until([sys.executable, str(TRAIN), *args], "step 30/200",
-                       _kill_when_logged(uri, run_dir, 30), cwd=tmp_path)  # fmt: skip
+    killed = cmd_until([sys.executable, str(TRAIN), *args], "step 30/200", _kill, cwd=tmp_path)
     assert killed.returncode == -signal.SIGKILL and not (run_dir / "metrics.json").exists()
     run_id = OmegaConf.load(run_dir / "trackers.json").mlflow.run_id
-    logged = metric_steps(uri, run_id, "train/loss")
-    resumed = dpt(*args, cwd=tmp_path)
-    step = int(resumed.output.split("at step ")[1].split()[0])
-    assert max(s for s, _ in logged) > step  # MLflow held steps the resume trained again
+    dpt(*args, cwd=tmp_path)
     assert OmegaConf.load(run_dir / "trackers.json").mlflow.run_id == run_id
     named = [r for r in runs_of(uri) if r.info.run_name == f"{run_dir.parent.name}/run"]
     assert [r.info.run_id for r in named] == [run_id]
     assert named[0].info.status == "FINISHED"
     expected = by_key(history(run_dir))
+    assert set(range(5, 201, 5)) <= {s for s, _ in expected["train/loss"]}  # every window
     for key in ("train/loss", "val/loss", "objective"):
-        points = metric_steps(uri, run_id, key)
-        assert len({s for s, _ in points}) == len(points), key  # no step twice
-        assert [s for s, _ in points] == [s for s, _ in expected[key]], key
-    # The resumed run's values equal the killed one's where both trained a step.
-    assert dict(metric_steps(uri, run_id, "train/loss"))[step] == dict(logged)[step]
+        assert _points_equal(metric_steps(uri, run_id, key), expected[key]), key
     assert csv_rows(run_dir) == history(run_dir)
+
+
+def test_a_continued_mlflow_run_gets_the_checkpoints_rows_it_lacks(tmp_path: Path) -> None:
+    """Killed with rows held for a batch: the resumed run sends them from its checkpoint's
+    history; the steps MLflow holds already are not sent twice."""
+    from dpt.config.loggers import MlflowLoggerConfig
+    from dpt.observe.trackers.mlflow_run import MlflowTracker
+    from dpt.observe.trackers.tracker import RunInfo
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = OmegaConf.structured(MlflowLoggerConfig(tracking_uri=uri))
+    rows = [{"step": step, "train/loss": 1.0 / step} for step in range(1, 9)]
+    stopped = MlflowTracker(cfg)
+    ids = stopped.start(RunInfo(tmp_path, "run", {}, {}, resumed=False), None)
+    stopped.log_metrics([({"train/loss": 1.0 / s}, s, 0.0) for s in (1, 2, 3)])  # 4-6: held
+    resumed = MlflowTracker(cfg)  # from the checkpoint of step 6
+    info = RunInfo(tmp_path, "run", {}, {}, resumed=True, history=rows[:6])
+    assert resumed.start(info, ids)["run_id"] == ids["run_id"]
+    resumed.log_metrics([({"train/loss": 1.0 / s}, s, 0.0) for s in (7, 8)])
+    resumed.finish("FINISHED")
+    assert metric_steps(uri, ids["run_id"], "train/loss") == [(s, 1.0 / s) for s in range(1, 9)]
 
 
 @pytest.mark.slow
@@ -292,16 +297,16 @@ class _Recording:
 def test_a_tracker_that_fails_is_tried_again_then_dropped_with_one_warning(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The trackers' process's calls (its warnings go to the rank's log)."""
     from dpt.observe.trackers import fanout
 
     monkeypatch.setattr(fanout, "RETRY_WAIT_S", 0.0)
     good, bad = _Recording("csv"), _Recording("mlflow", fails_from=2)
-    trackers = fanout.Trackers([good, bad])  # type: ignore[list-item]
+    trackers = fanout.Fanout([good, bad])  # type: ignore[list-item]
     with caplog.at_level("WARNING", logger="dpt"):
-        for step in (1, 2, 3, 4):
-            trackers.log_metrics({"train/loss": 1.0 / step}, step, 0.0)
-            time.sleep(0.05)  # one call per step: the 3rd is the first to fail
-        trackers.close("FINISHED")
+        for step in (1, 2, 3, 4):  # one batch a step: the 3rd is the first to fail
+            trackers.log_metrics([({"train/loss": 1.0 / step}, step, 0.0)])
+        trackers.finish("FINISHED")
     steps = [({"train/loss": 1.0 / step}, step) for step in (1, 2, 3, 4)]
     assert good.calls == [*steps, "FINISHED"]
     assert bad.calls == steps[:2]

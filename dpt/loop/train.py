@@ -142,7 +142,7 @@ def _trackers(
 ) -> Trackers:
     """Rank 0's trackers (logger=[...]), told the run's config and whether it continues."""
     if not trackers_named(cfg.logger):  # TensorBoard alone: nothing to start (nor git to ask)
-        return Trackers([])
+        return Trackers()
     run_dir = parts.run_dir
     name = tb.folder.name if tb.sweep_dir else f"{run_dir.parent.name}/{run_dir.name}"
     tags = run_tags(parts.strategy.name, parts.env.world_size, parts.task.kind)

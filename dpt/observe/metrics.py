@@ -168,7 +168,7 @@ class MetricsLogger:
         # Rank 0: the world's numbers at their steps (metrics.json's history), and the trackers
         # that get them as they are made (set once the run knows whether it resumes).
         self.history = WorldHistory()
-        self.trackers = Trackers([])
+        self.trackers = Trackers()
         self.copies = copies
         self.memory, self.throughput = memory, throughput
         self.total_steps = total_steps
@@ -431,7 +431,7 @@ class MetricsLogger:
     def _world(self, scalars: dict[str, float], step: int, wall_time: float) -> None:
         """The world's numbers (the same on every rank): into the history on every rank (each
         checkpoints it alike); rank 0 writes them to the world folder and hands them to the
-        trackers (their calls wait in the trackers' own thread, never in the loop)."""
+        trackers (held, then sent in batches to the trackers' own process)."""
         self.history.add(scalars, step)
         if self.env.is_main:
             self._hold(WORLD, scalars, step, wall_time)
@@ -486,12 +486,17 @@ class MetricsLogger:
         """Hold scalars; their event is made at the hand-over (`flush`)."""
         self._held.append((name, scalars, step, wall_time))
         if time.perf_counter() - self._held_since >= self.flush_s:
-            self.flush()
+            self._write_events()
 
     def flush(self) -> None:
-        """The held scalars to their event files, in order, stamped when they were made. Before a
+        """The held scalars to their event files, and the trackers' held rows to them. Before a
         checkpoint: a run killed later resumes there, and its curves must hold every step up
         to it (a resume drops only what was logged after)."""
+        self._write_events()
+        self.trackers.flush()
+
+    def _write_events(self) -> None:
+        """The held scalars to their event files, in order, stamped when they were made."""
         held, self._held = self._held, []
         self._held_since = time.perf_counter()
         if not held:

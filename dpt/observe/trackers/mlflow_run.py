@@ -2,20 +2,23 @@
 
 The config goes as parameters (flat keys), dpt's facts as tags, the world's metrics at their
 steps in batches, the run's files as artifacts at the end. A run resumed from a checkpoint
-continues its MLflow run (its id in `<run>/trackers.json`) and skips the steps that run holds
-already: a resume re-trains from its checkpoint to where it was stopped, with the same numbers,
-and MLflow would otherwise hold those steps twice. A sweep's job is a child of the sweep's run.
+continues its MLflow run (its id in `<run>/trackers.json`): it sends the checkpoint's history
+that run lacks (rows held for a batch when it stopped) and skips the steps it holds already (a
+resume re-trains from its checkpoint to where it was stopped, with the same numbers, and MLflow
+would otherwise hold those steps twice). A sweep's job is a child of the sweep's run.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from dpt.config.loggers import MLFLOW
 from dpt.observe.trackers.tracker import Row, RunInfo
+from dpt.observe.world_history import STEP
 
 log = logging.getLogger("dpt")
 
@@ -126,6 +129,11 @@ class MlflowTracker:
         for key in run.data.metrics:
             steps = [m.step for m in self.mlflow.get_metric_history(self.run_id, key)]
             self.held[key] = max(steps, default=-1)
+        # The checkpoint's history past what the run holds: rows the stopped run had not sent
+        # yet (held for a batch when it was killed); the resume trains only the steps after it.
+        now = time.time()
+        self.log_metrics([({k: v for k, v in row.items() if k != STEP}, int(row[STEP]), now)
+                          for row in info.history])  # fmt: skip
         return True
 
     def _params(self, params: dict[str, Any]) -> None:

@@ -7,9 +7,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from dpt.config.loggers import CSV, EXTRAS, MLFLOW, TENSORBOARD, WANDB, chosen
 from dpt.errors import DptError, clipped, one_line
-from dpt.observe.trackers.fanout import Trackers
+from dpt.observe.trackers.handoff import Trackers
 from dpt.observe.trackers.ids import read_ids, write_ids
 from dpt.observe.trackers.tracker import RunInfo, Tracker
 
@@ -49,8 +51,17 @@ def trackers_named(logger: Any) -> list[str]:
 
 
 def open_trackers(logger: Any, info: RunInfo) -> Trackers:
-    """Start every tracker the `logger` node names (one line where one cannot start: before
-    training), keep their ids in `<run>/trackers.json`, and hand them to their thread."""
+    """The trackers the `logger` node names, started in their own process (one line where one
+    cannot start: before training); their ids kept in `<run>/trackers.json`."""
+    names = trackers_named(logger)
+    if not names:
+        return Trackers()
+    return Trackers.start(OmegaConf.to_container(logger, resolve=True), info, names)
+
+
+def start_all(logger: Any, info: RunInfo) -> tuple[list[Tracker], dict[str, Any]]:
+    """Start every tracker the `logger` node names (in the trackers' process) and keep their
+    ids in `<run>/trackers.json`: the trackers, and their ids."""
     stored = read_ids(info.run_dir)
     trackers, ids = [], dict(stored)
     for name in trackers_named(logger):
@@ -66,7 +77,7 @@ def open_trackers(logger: Any, info: RunInfo) -> Trackers:
         trackers.append(tracker)
     if trackers:
         write_ids(info.run_dir, ids)
-    return Trackers(trackers)
+    return trackers, ids
 
 
 def _give_up(started: list[Tracker]) -> None:
