@@ -1,5 +1,6 @@
 """strategy.tensor_parallel trained for real against one process on the same global batch (SGD
-at a small rate): tp = 2 for dpt's GPT and a tiny Llama-shaped transformers model; fsdp 2 x tp 2
+at a small rate): tp = 2 for dpt's GPT and a tiny Llama-shaped transformers model, their loss on
+logits split over the vocabulary (each rank its slice: torch's loss_parallel); fsdp 2 x tp 2
 and pipeline 2 x tp 2 on 4 ranks (with clipping by the global norm; the tiny Llama's stages
 too); bf16 with recomputation
 under tp = 2. A run stopped under fsdp 2 x tp 2 resumes on tp = 2 alone and on one process with
@@ -123,6 +124,38 @@ def _ranks(rank: int, world: int, port: int, out: Path) -> None:
     with joined_world(rank, world, port) as env:
         for name, overrides in _world_runs(out, world).items():
             train_rank(env, out / name, *SGD, *overrides)
+        if world == 2:
+            _logits_layout(env.rank, out / f"logits-{env.rank}.json")
+
+
+def _logits_layout(rank: int, found: Path) -> None:
+    """dpt's GPT split over the 2 ranks with split logits: what its head gives in training and
+    in evaluation, and the loss on the split (under loss_parallel) against the whole logits'."""
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from dpt.models.gpt import GPT
+    from dpt.models.tensor_plans import parallelize
+
+    torch.manual_seed(0)
+    model = GPT(num_outputs=64, block_size=8, n_layer=1, n_head=2, n_embd=16, dropout=0.0,
+                bias=True)  # fmt: skip
+    parallelize(model, init_device_mesh("cpu", (2,)), split_logits=True)
+    ids, targets = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
+    split = model.train()(ids)
+    with loss_parallel():
+        loss = F.cross_entropy(split.flatten(0, 1), targets.flatten())
+        loss.backward()
+    whole = model.eval()(ids)
+    found.write_text(json.dumps({
+        "train": [type(split).__name__, str(split.placements), list(split.to_local().shape)],
+        "eval": [type(whole).__name__, list(whole.shape)],
+        "loss_difference": abs(loss.full_tensor().item()
+                               - F.cross_entropy(whole.flatten(0, 1), targets.flatten()).item()),
+        "head_gradient": isinstance(model.lm_head.weight.grad, DTensor),
+    }))  # fmt: skip
 
 
 def _single(run_dir: Path, *overrides: str) -> dict:
@@ -171,6 +204,20 @@ def test_split_layers_train_as_one_process(
     runs: Path, single: dict[str, Path], run: str, reference: str
 ) -> None:
     assert max_abs_diff(load_weights(runs / run), load_weights(single[reference])) < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_each_rank_holds_its_slice_of_the_logits_in_training_and_the_whole_in_evaluation(
+    runs: Path,
+) -> None:
+    """The loss computes on the vocabulary's slices (loss_parallel): no rank holds the whole
+    logits in training; validation gets them whole; the split loss is the whole logits' loss."""
+    for rank in (0, 1):
+        found = json.loads((runs / f"logits-{rank}.json").read_text())
+        assert found["train"] == ["DTensor", "(Shard(dim=2),)", [2, 8, 32]]
+        assert found["eval"] == ["Tensor", [2, 8, 64]]
+        assert found["loss_difference"] < 1e-6 and found["head_gradient"]
 
 
 @pytest.mark.slow

@@ -74,6 +74,9 @@ class Strategy:
     # Ranks each layer is split over (`strategy.tensor_parallel`): the mesh's innermost dimension.
     tensor_parallel: int = 1
     split_layout = ""  # where this rank stands in a tensor-parallel mesh, for its start line
+    # The task's loss computes on logits split over the vocabulary (cross-entropy, under torch's
+    # `loss_parallel`): under tensor parallelism the head leaves them split (set before `wrap`).
+    split_logits = False
 
     def check(self, model: nn.Module) -> None:
         """One line where the model (built on the meta device, beforehand) cannot be wrapped:
@@ -99,6 +102,16 @@ class Strategy:
         """Whether this rank's validation batches count in the world's metrics: the ranks of a
         tensor-parallel group run the same batches, one of them counts them."""
         return env.rank % self.tensor_parallel == 0
+
+    def loss_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Where a micro-batch's forward, loss and backward run: under tensor parallelism with
+        split logits, torch's `loss_parallel` (cross-entropy on each rank's slice of the
+        vocabulary, and its backward)."""
+        if self.tensor_parallel > 1 and self.split_logits:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return contextlib.nullcontext()
 
     def sync_gradients(self, model: nn.Module) -> None:
         """After the step's backwards: what the wrapper does not do itself."""
@@ -281,7 +294,7 @@ def tensor_mesh(strategy: Strategy, model: nn.Module, env: DistEnv) -> Any:
 
     degrees = Degrees.of(env.world_size, strategy.tensor_parallel)
     mesh = degrees.build(env.device.type)
-    parallelize(model, mesh["tp"])
+    parallelize(model, mesh["tp"], strategy.split_logits)
     _, replica, part = degrees.position(env.rank)
     strategy.split_layout = (f" | layers split over {degrees.tp} ranks (part {part + 1}), "
                              f"replica {replica + 1} of {degrees.dp}")  # fmt: skip

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from dpt.data.loaders import Batch
 from dpt.data.position import DataPosition
 from dpt.data.shard_fetch import SourceUnreachable
+from dpt.distributed import local_part
 from dpt.errors import one_line
 from dpt.loop import reactions, resume_apply
 from dpt.loop.agreement import Agreed, NonFiniteLoss, Payload
@@ -146,12 +147,14 @@ class Trainer:
             inputs, targets = self.parts.to_device(inputs), self.parts.to_device(targets)
             last = i == len(micro_batches) - 1
             # ddp all-reduces (fsdp reduce-scatters) once, in the last backward
-            with contextlib.nullcontext() if last else skip_gradient_sync(self.model):
+            with contextlib.nullcontext() if last else skip_gradient_sync(self.model), \
+                    self.parts.strategy.loss_context():  # fmt: skip
                 with self.precision.autocast():
                     outputs = self.model(inputs)
                     # A micro-batch of only unreadable images: a zero loss, so that ddp's
                     # all-reduce still runs on every rank (this rank adds zero gradients).
                     loss = self.task.loss(outputs, targets) if len(targets) else outputs.sum() * 0.0
+                    loss = local_part(loss)  # a loss on split logits: each rank holds it whole
                 if scales is not None:
                     loss = loss * scales[i]
                 elif len(micro_batches) > 1:

@@ -6,8 +6,10 @@ models): Megatron's splits as torchtitan plans Llama, queries, keys, values and 
 projections by columns (each rank whole heads, a slice of the MLP's width), the attention's and
 the MLP's output projections by rows (their partial sums reduce-scattered over the sequence),
 the norms on each rank's part of the sequence (`SequenceParallel`), the token embedding by rows
-of the vocabulary and the head by columns, gathered to whole logits for the task's loss. The
-residual stream between blocks stays a DTensor split over the sequence.
+of the vocabulary and the head by columns, its logits left split over the vocabulary for a
+loss that computes on the split (torch's `loss_parallel`, as torchtitan does: no rank holds the
+whole vocabulary's logits), gathered whole otherwise. The residual stream between blocks stays
+a DTensor split over the sequence.
 
 A plan is torch's own machinery (dpt/models/tensor_styles.py); a model without one is refused in
 one line, before any rank starts (`check_splits`, on the model the launcher builds on the meta
@@ -33,14 +35,16 @@ def plan_of(model: nn.Module) -> Plan | None:
     return family_of(model).tensor_plan(model)
 
 
-def parallelize(model: nn.Module, mesh: Any) -> None:
+def parallelize(model: nn.Module, mesh: Any, split_logits: bool = False) -> None:
     """Split `model`'s layers over `mesh` (the tensor dimension) in place; tied parameters (a
-    head sharing the embedding's matrix) stay one."""
+    head sharing the embedding's matrix) stay one. `split_logits`: the head's logits stay split
+    over the vocabulary in training, each rank its slice (the loss computed on the split, under
+    torch's `loss_parallel`); whole otherwise, and in evaluation."""
     plan = plan_of(model)
     if plan is None:
         raise DptError(no_plan(model))
     tied = tied_twins(model)
-    plan(model, mesh)
+    plan(model, mesh, split_logits)
     for name, twin in tied.items():  # parallelize_module gave each its own DTensor
         owner, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(owner), leaf, model.get_parameter(twin))

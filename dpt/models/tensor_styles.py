@@ -118,17 +118,38 @@ def whole_stream_layer(
     return plan
 
 
-def vocabulary_ends(embedding: str, norm: str, head: str) -> dict[str, Any]:
+def vocabulary_ends(embedding: str, norm: str, head: str, split_logits: bool) -> dict[str, Any]:
     """The token embedding split by rows of the vocabulary (each rank embeds the tokens it
     holds, the partial sums reduce-scattered to each rank's part of the sequence), the final norm
-    on that part, the head by columns, gathered to whole logits for the task's loss."""
+    on that part, the head by columns (`logits_head`)."""
     tp, Replicate, Shard = styles()
     return {
         embedding: tp.RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
                                       use_local_output=False),
         norm: tp.SequenceParallel(),
-        head: tp.ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        head: logits_head(Shard(1), split_logits),
     }  # fmt: skip
+
+
+def logits_head(input_layout: Any, split_logits: bool) -> Any:
+    """The head split by columns of the vocabulary, its input laid out as `input_layout`. Its
+    logits whole on each rank; or (`split_logits`), in training, left split over the vocabulary
+    (a DTensor, each rank its slice: the loss computes on the split under `loss_parallel`, and no
+    rank holds the whole vocabulary's logits), gathered whole in evaluation (validation's
+    metrics, a prediction)."""
+    tp, Replicate, Shard = styles()
+    if not split_logits:
+        return tp.ColwiseParallel(input_layouts=input_layout, output_layouts=Replicate())
+
+    class SplitLogits(tp.ColwiseParallel):
+        @staticmethod
+        def _prepare_output_fn(layouts: Any, local: bool, mod: nn.Module, outputs: Any,
+                               mesh: Any) -> Any:  # fmt: skip
+            if mod.training:
+                return outputs
+            return outputs.redistribute(placements=[Replicate()]).to_local()
+
+    return SplitLogits(input_layouts=input_layout, output_layouts=Shard(-1), use_local_output=False)
 
 
 def pre_norm_block(

@@ -15,6 +15,8 @@ from dpt.tasks.task import Task
 
 
 class LanguageModel(Task):
+    loss_on_split_logits = True
+
     def __init__(self, **common: Any) -> None:
         super().__init__(**common)
         self.criterion = nn.CrossEntropyLoss(ignore_index=IGNORE_INDEX)

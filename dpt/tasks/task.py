@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from omegaconf import DictConfig
@@ -22,6 +22,10 @@ class Task:
     Built once per run (`build_task`) with its config's keys and what the data set's targets
     are: `targets`, `num_outputs` (the model's outputs per sample) and `names` (of the classes
     or outputs, for `dpt-predict`). Its loss modules move with `to(device)`."""
+
+    # Its training loss is cross-entropy over the last dimension, which torch's `loss_parallel`
+    # computes on logits split over it: under tensor parallelism no rank gathers them whole.
+    loss_on_split_logits: ClassVar[bool] = False
 
     def __init__(
         self, *, targets: Targets, num_outputs: int, names: list[str], watch: str, mode: str

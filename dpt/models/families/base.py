@@ -32,8 +32,9 @@ class Unit:
     run: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None
 
 
-# A tensor-parallel plan: splits the model over a 1-D tensor mesh, in place.
-Plan = Callable[[nn.Module, Any], None]
+# A tensor-parallel plan: splits the model over a 1-D tensor mesh, in place; True: its logits
+# stay split over the vocabulary in training (the task's loss computes on the split).
+Plan = Callable[[nn.Module, Any, bool], None]
 
 
 class Family:

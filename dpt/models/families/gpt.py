@@ -29,7 +29,7 @@ class GPTFamily(Family):
     def tensor_plan(self, model: nn.Module) -> Plan:
         return self._parallelize
 
-    def _parallelize(self, model: nn.Module, mesh: Any) -> None:
+    def _parallelize(self, model: nn.Module, mesh: Any, split_logits: bool) -> None:
         from dpt.models.tensor_styles import (
             Replicated,
             pre_norm_block,
@@ -39,7 +39,8 @@ class GPTFamily(Family):
         )
 
         tp, Replicate, Shard = styles()
-        split(model, mesh, {**vocabulary_ends("wte", "ln_f", "lm_head"), "wpe": Replicated()})
+        ends = vocabulary_ends("wte", "ln_f", "lm_head", split_logits)
+        split(model, mesh, {**ends, "wpe": Replicated()})
         for block in self.blocks(model):
             if block is None:
                 continue

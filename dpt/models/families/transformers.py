@@ -114,7 +114,7 @@ class TransformersFamily(Family):
                 "num_key_value_heads": int(getattr(config, "num_key_value_heads", None) or heads),
                 mlp: int(getattr(config, mlp))}  # fmt: skip
 
-    def _parallelize(self, model: nn.Module, mesh: Any) -> None:
+    def _parallelize(self, model: nn.Module, mesh: Any, split_logits: bool) -> None:
         """The attention reads its heads' count from the projections' width, so each rank
         computes its own heads; every norm of a layer (two in Llama's, four in Gemma 2's) on
         the rank's part of the sequence, a head's norm (Qwen 3's q_norm, k_norm) on its heads."""
@@ -127,7 +127,8 @@ class TransformersFamily(Family):
         )
 
         tp, Replicate, Shard = styles()
-        split(model, mesh, vocabulary_ends("model.embed_tokens", "model.norm", "lm_head"))
+        ends = vocabulary_ends("model.embed_tokens", "model.norm", "lm_head", split_logits)
+        split(model, mesh, ends)
         for block in self.blocks(model):
             if block is None:
                 continue
@@ -145,12 +146,18 @@ class TransformersFamily(Family):
             heads = [f"self_attn.{name}" for name in HEAD_NORMS if hasattr(layer.self_attn, name)]
             split(layer, mesh, plan | {name: HeadsNorm() for name in heads})
 
-    def _parallelize_whole_stream(self, model: nn.Module, mesh: Any) -> None:
+    def _parallelize_whole_stream(self, model: nn.Module, mesh: Any, split_logits: bool) -> None:
         """Any other decoder whose attention projects queries, keys and values apart (OPT), found
         by structure: Megatron's splits of the attention and the MLP, the stream between them
         whole on each rank (a layer may reshape it: OPT's flattens the batch), the embedding
         split by rows of the vocabulary, the head by columns."""
-        from dpt.models.tensor_styles import Replicated, split, styles, whole_stream_layer
+        from dpt.models.tensor_styles import (
+            Replicated,
+            logits_head,
+            split,
+            styles,
+            whole_stream_layer,
+        )
 
         tp, Replicate, _ = styles()
         embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
@@ -163,7 +170,7 @@ class TransformersFamily(Family):
             ends[name] = (
                 tp.RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate(),
                                    use_local_output=False) if module is embedding
-                else tp.ColwiseParallel(output_layouts=Replicate()) if module is head
+                else logits_head(Replicate(), split_logits) if module is head
                 else Replicated()
             )  # fmt: skip
         split(model, mesh, ends)
