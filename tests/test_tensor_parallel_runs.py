@@ -1,12 +1,12 @@
 """strategy.tensor_parallel trained for real against one process on the same global batch (SGD
 at a small rate): tp = 2 for dpt's GPT and a tiny Llama-shaped transformers model, their loss on
-logits split over the vocabulary (each rank its slice: torch's loss_parallel); fsdp 2 x tp 2
-and pipeline 2 x tp 2 on 4 ranks (with clipping by the global norm; the tiny Llama's stages
-too); bf16 with recomputation
-under tp = 2. A run stopped under fsdp 2 x tp 2 resumes on tp = 2 alone and on one process with
-the uninterrupted weights; validation counts each sample once; a rank's parameters, gradients
-and optimizer state (TensorBoard's memory/*) are half of one process's but for what each rank
-holds whole (the norms).
+logits split over the vocabulary (each rank its slice: torch's loss_parallel); fsdp 2 x tp 2, ddp
+2 x tp 2 (the replicas' means in buckets, overlapped with the last of the accumulated backwards)
+and pipeline 2 x tp 2 on 4 ranks (with clipping by the global norm; the tiny Llama's stages too);
+bf16 with recomputation under tp = 2. A run stopped under fsdp 2 x tp 2 resumes on tp = 2 alone
+and on one process with the uninterrupted weights; validation counts each sample once; a rank's
+parameters, gradients and optimizer state (TensorBoard's memory/*) are half of one process's but
+for what each rank holds whole (the norms).
 
 The runs share the resident worlds (tests/worlds.py: 4 ranks, then 2) and run through the
 rank's own run function (`dpt.loop.train.train`); the one-process runs run in this process.
@@ -88,6 +88,18 @@ def _world_runs(out: Path, world: int) -> dict[str, list[str]]:
             # fsdp 2 x tp 2, stopped by max_steps (STEPS) with a checkpoint: checked against
             # one process (its checkpoints change no weight), and what the resumed runs start from
             "gpt-fsdp2-tp2": [*fsdp_tp(out), f"checkpoint.every_n_steps={EVERY}"],
+            # ddp 2 x tp 2: the replicas' means in buckets of 10 kB (several), all-reduced in
+            # the last of 2 accumulated backwards
+            "gpt-ddp2-tp2": [
+                *gpt(out),
+                *OFF,
+                "strategy=ddp",
+                *TP2,
+                "strategy.bucket_cap_mb=0.01",
+                batch(GLOBAL_BATCH // 4),
+                "trainer.grad_accum_steps=2",
+                *CLIP,
+            ],
         }
     ddp = ["strategy=ddp", *TP2, batch(GLOBAL_BATCH)]
     return {
@@ -196,6 +208,7 @@ def single(runs: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
         ("gpt-tp2", "gpt"),
         ("llama-tp2", "llama"),
         ("gpt-fsdp2-tp2", "gpt-clip"),
+        ("gpt-ddp2-tp2", "gpt-clip"),
         ("gpt-pp2-tp2", "gpt-clip"),
         ("llama-pp2-tp2", "llama"),
     ],

@@ -217,11 +217,12 @@ def _validate_tensor_parallel(cfg: DictConfig) -> None:
 
 def _check_ddp_keys_unset(strategy: DictConfig, degree: int) -> None:
     """DDP does not wrap a model split over tensor-parallel ranks (its replicas' gradients are
-    averaged after backward): a DDP key set away from its default would be ignored."""
+    averaged in dpt's own buckets, of `bucket_cap_mb`): any other DDP key set away from its
+    default would be ignored."""
     if OmegaConf.get_type(strategy) is not DDPConfig:
         return
     defaults = OmegaConf.load(files("dpt.conf").joinpath("strategy", "ddp.yaml"))
-    tensor_keys = {f.name for f in dataclasses.fields(TensorParallel)}
+    tensor_keys = {f.name for f in dataclasses.fields(TensorParallel)} | {"bucket_cap_mb"}
     for field in dataclasses.fields(DDPConfig):
         key = field.name
         if key.startswith("_") or key in tensor_keys or strategy[key] == defaults[key]:
@@ -229,8 +230,8 @@ def _check_ddp_keys_unset(strategy: DictConfig, degree: int) -> None:
         shown = OmegaConf.to_yaml({key: strategy[key]}).strip().split(": ", 1)[1]
         raise ConfigError(
             f"strategy.{key}={shown}: DDP does not wrap a model split over "
-            f"strategy.tensor_parallel={degree} (its replicas' gradients are averaged after "
-            "backward), so this would be ignored; remove it or use strategy.tensor_parallel=1"
+            f"strategy.tensor_parallel={degree} (its replicas' gradients are averaged in dpt's "
+            "own buckets), so this would be ignored; remove it or use strategy.tensor_parallel=1"
         )
 
 

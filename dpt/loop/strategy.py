@@ -16,6 +16,7 @@ from dpt.config.strategies import COMM_HOOK_NAMES, REDUCE_DTYPES
 from dpt.distributed import DistEnv, is_dtensor, local_part
 from dpt.errors import DptError
 from dpt.loop.mesh import Degrees
+from dpt.loop.replica_mean import ReplicaMean, broadcast_buffers, differing_buffers
 from dpt.models.blocks import blocks
 from dpt.models.sync_batchnorm import convert_sync_batchnorm, has_batchnorm
 
@@ -113,6 +114,10 @@ class Strategy:
             return loss_parallel()
         return contextlib.nullcontext()
 
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """A backward whose gradients stay on this rank (an accumulated step's but the last)."""
+        return skip_gradient_sync(model)
+
     def sync_gradients(self, model: nn.Module) -> None:
         """After the step's backwards: what the wrapper does not do itself."""
         if self.tensor_parallel > 1:
@@ -189,14 +194,16 @@ class DDP(Strategy):
             raise ValueError(f"comm_hook must be one of {', '.join(COMM_HOOKS)} or None")
         self.comm_hook, self.sync_batchnorm, self.wrapper = comm_hook, sync_batchnorm, wrapper
         split_tensors(self, tensor_parallel)
-        self.replicas: Any = None  # tensor parallel: the data dimension, averaged after backward
+        self.replica_mean: ReplicaMean | None = None  # tensor parallel: over the data dimension
 
     def wrap(self, model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         if not torch.distributed.is_initialized():
             return model  # a world of one: nothing to synchronise
-        if self.tensor_parallel > 1:  # DDP takes no DTensors: the mean is taken after backward
-            mesh = tensor_mesh(self, model, env)
-            self.replicas = mesh["dp"] if mesh["dp"].size() > 1 else None
+        if self.tensor_parallel > 1:  # DDP takes no DTensors: dpt's own buckets, as DDP's
+            replicas = tensor_mesh(self, model, env)["dp"]
+            if replicas.size() > 1:
+                cap = self.wrapper.get("bucket_cap_mb") or 25.0  # as DDP's own, unset
+                self.replica_mean = ReplicaMean(model, replicas.get_group(), replicas.size(), cap)
             return model
         if self.sync_batchnorm:
             model = _sync_batchnorm(model, env)
@@ -207,10 +214,15 @@ class DDP(Strategy):
             ddp.register_comm_hook(state=None, hook=COMM_HOOKS[self.comm_hook])
         return ddp
 
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        return super().no_sync(model) if self.replica_mean is None else self.replica_mean.no_sync()
+
     def sync_gradients(self, model: nn.Module) -> None:
+        # The replicas' means of each rank's slices first: a gradient still a partial sum over
+        # the tensor ranks (an embedding split by rows) averages as its parts do.
+        if self.replica_mean is not None:
+            self.replica_mean.finish()
         super().sync_gradients(model)
-        if self.replicas is not None:
-            mean_gradients(model, self.replicas.get_group(), self.replicas.size())
 
 
 class FSDP(Strategy):
@@ -322,7 +334,8 @@ def mean_gradients(model: nn.Module, group: Any, size: int) -> None:
     cannot wrap (a model of DTensors, a pipeline stage whose schedule runs several forwards
     before their backwards): each gradient (this rank's slice of it) averaged over the
     replicas in `group`, one all-reduce per dtype over the gradients laid end to end; then the
-    buffers (BatchNorm's statistics) made the group's first rank's, as DDP broadcasts them."""
+    buffers that can differ (BatchNorm's statistics) made the group's first rank's, as DDP
+    broadcasts them."""
     grads: dict[torch.dtype, list[torch.Tensor]] = {}
     for param in model.parameters():
         if param.requires_grad:
@@ -336,8 +349,7 @@ def mean_gradients(model: nn.Module, group: Any, size: int) -> None:
         flat /= size
         for grad, part in zip(same, flat.split([g.numel() for g in same]), strict=True):
             grad.copy_(part.view_as(grad))
-    for buffer in model.buffers():
-        torch.distributed.broadcast(local_part(buffer), group=group, group_src=0)
+    broadcast_buffers(differing_buffers(model), group)
 
 
 def fsdp_precision(precision: str, reduce_dtype: torch.dtype) -> Any:

@@ -29,7 +29,6 @@ from dpt.loop.interrupt import DataStopped, Interrupted, StopRequest, stop_on_si
 from dpt.loop.param_groups import group_lrs
 from dpt.loop.parts import Parts
 from dpt.loop.reactions import RolledBack
-from dpt.loop.strategy import skip_gradient_sync
 from dpt.observe.console import log_epoch, log_validation
 from dpt.state.checkpoint import Committed, committed
 from dpt.state.stateful import (
@@ -147,7 +146,7 @@ class Trainer:
             inputs, targets = self.parts.to_device(inputs), self.parts.to_device(targets)
             last = i == len(micro_batches) - 1
             # ddp all-reduces (fsdp reduce-scatters) once, in the last backward
-            with contextlib.nullcontext() if last else skip_gradient_sync(self.model), \
+            with contextlib.nullcontext() if last else self.parts.strategy.no_sync(self.model), \
                     self.parts.strategy.loss_context():  # fmt: skip
                 with self.precision.autocast():
                     outputs = self.model(inputs)
