@@ -1,13 +1,16 @@
 """Section `tensor_parallel` (not run by default): what splitting every layer over 2 ranks costs.
 
 The GPT of section `pipeline_parallel` (6 blocks of width 256, 64 tokens, batch 16, SGD with
-momentum) trained in one process (one thread) and on 2 CPU ranks over Gloo with dpt's
+momentum) trained in one process (one thread), on 2 CPU ranks over Gloo with dpt's
 `strategy.tensor_parallel=2` (ddp's wrap: a world of 2 is tp 2, dp 1; Megatron's column and
-row splits with sequence parallelism, dpt/models/tensor_plans.py), alternated round by round.
-Per run: the time per step; each rank's parameters, gradients and optimizer state against the
-one process's; and the time each rank's step spends in the collectives, from torch.profiler in
-a pass of its own after the timed steps (its overhead stays out of the step time). Its section
-of docs/performance.md sits between two markers (benchmarks/report/tensor_parallel.py).
+row splits with sequence parallelism, dpt/models/tensor_plans.py; the loss on the logits split
+over the vocabulary, under loss_parallel) and on 2 ranks under ddp (each half the batch),
+alternated round by round. Per run: the time per step and tokens/s; each rank's parameters,
+gradients and optimizer state against the one process's, and its logits; the time each rank's
+step spends in the collectives, from torch.profiler in a pass of its own after the timed steps
+(its overhead stays out of the step time), by kind, each beside its floor: the same calls
+issued alone, and an all-reduce of the same size. Its section of docs/performance.md sits
+between two markers (benchmarks/report/tensor_parallel.py).
 
     python -m benchmarks --sections tensor_parallel --rounds 3
 """
@@ -16,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -28,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from benchmarks import pipeline_parallel
-from benchmarks.pipeline_parallel import BATCH, SHAPE, _batch, _loss, _model
+from benchmarks.pipeline_parallel import BATCH, SHAPE, VOCAB, _batch, _loss, _model
 from benchmarks.report.common import stamp
 from benchmarks.runner import Say, alternate, spawn_world
 from dpt.distributed import DistEnv
@@ -43,6 +48,20 @@ STATE = ("params", "grads", "optimizer")
 # step's thread waits for: counting them too would count that time twice.
 COLLECTIVE_PREFIXES = ("_c10d_functional::", "c10d::")
 STEP_EVENT = "tensor_parallel_step"  # marks a profiled step: what is summed runs inside one
+GATHER = "_c10d_functional::all_gather_into_tensor"
+SCATTER = "_c10d_functional::reduce_scatter_tensor"
+REDUCE = "_c10d_functional::all_reduce"
+KINDS = (GATHER, SCATTER, REDUCE)  # the collectives a step makes, each beside its floor
+FLOOR_REPEATS = 20
+# Each kind issued alone, on (its whole tensor, this rank's part): c10d's op that the functional
+# one calls (torch 2.14's names; the older ones where torch has not renamed them yet).
+_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+ISSUE: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {
+    GATHER: lambda whole, part: _GATHER(whole, part),
+    SCATTER: lambda whole, part: _SCATTER(part, whole),
+    REDUCE: lambda whole, part: dist.all_reduce(whole),
+}
 
 
 def run(args: argparse.Namespace, tmp: Path, say: Say) -> dict[str, Any]:
@@ -52,6 +71,9 @@ def run(args: argparse.Namespace, tmp: Path, say: Say) -> dict[str, Any]:
         f"tp={DEGREE}": functools.partial(
             spawn_world, DEGREE, _rank, (warmup, steps), args.threads
         ),
+        f"ddp={DEGREE}": functools.partial(
+            spawn_world, DEGREE, _ddp_rank, (warmup, steps), args.threads
+        ),
     }
 
     def done(key: str, r: int, seconds: float) -> None:
@@ -60,7 +82,8 @@ def run(args: argparse.Namespace, tmp: Path, say: Say) -> dict[str, Any]:
     started, load_before = time.time(), os.getloadavg()
     measured = alternate(contenders, args.rounds, done=done)
     return {"tensor_parallel": {"runs": measured, "steps": steps, "shape": SHAPE,
-                                "batch": BATCH, "degree": DEGREE, **stamp(args, started),
+                                "batch": BATCH, "vocab": VOCAB, "degree": DEGREE,
+                                "floor_repeats": FLOOR_REPEATS, **stamp(args, started),
                                 "load": (load_before, os.getloadavg())}}  # fmt: skip
 
 
@@ -71,15 +94,20 @@ def _single(warmup: int, steps: int, shape: dict[str, int] = SHAPE) -> dict[str,
 
 
 def _rank(env: DistEnv, tmp: Path, warmup: int, steps: int, shape: dict[str, int] = SHAPE) -> Any:
-    """One rank of the tensor-parallel world: dpt's own wrap and gradient sync, as the trainer
-    calls them; the timed steps, then as many again under the profiler."""
+    """One rank of the tensor-parallel world: dpt's own wrap, loss context and gradient sync,
+    as the trainer calls them; the timed steps, then as many again under the profiler."""
     strategy = DDP(None, False, tensor_parallel=DEGREE)
+    strategy.split_logits = True  # a language model's loss, as dpt's task says
     model = strategy.wrap(_model(shape), env, "32")
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     inputs, targets = _batch(shape)  # every rank of a tensor group reads the same batch
+    logits: list[float] = []
 
     def step() -> None:
-        _loss(model(inputs), targets).backward()
+        with strategy.loss_context():  # the loss on the vocabulary's slices, and its backward
+            output = model(inputs)
+            _loss(output, targets).backward()
+        logits.append(local_bytes(output) / MB)
         strategy.sync_gradients(model)  # the replicated layers' partial gradients summed
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -94,19 +122,44 @@ def _rank(env: DistEnv, tmp: Path, warmup: int, steps: int, shape: dict[str, int
     step_s = (time.perf_counter() - start) / steps
     profiled = _profiled(step, steps)
     row = {"step_s": step_s, **_state_mb(model, optimizer), **profiled,
-           "replicated_mb": _replicated_mb(model)}  # fmt: skip
+           "replicated_mb": _replicated_mb(model), "logits_mb": max(logits),
+           "floors": _floors(profiled.pop("sizes"))}  # fmt: skip
     rows: list[Any] = [None] * env.world_size
     dist.all_gather_object(rows, row)
     return {"step_s": max(r["step_s"] for r in rows), "ranks": rows}
 
 
+def _ddp_rank(env: DistEnv, tmp: Path, warmup: int, steps: int,
+              shape: dict[str, int] = SHAPE) -> Any:  # fmt: skip
+    """One rank of plain ddp on the same model and global batch (each rank half of it)."""
+    strategy = DDP(None, False)
+    model = strategy.wrap(_model(shape), env, "32")
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    inputs, targets = (t[env.rank :: env.world_size] for t in _batch(shape))
+
+    def step() -> None:
+        _loss(model(inputs), targets).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(warmup):
+        step()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    dist.barrier()
+    return {"step_s": (time.perf_counter() - start) / steps}
+
+
 def _profiled(step: Callable[[], None], steps: int) -> dict[str, Any]:
     """`steps` more steps under torch.profiler (CPU): the seconds per step this thread spent in
-    collectives, their calls per step by name, and the profiled step's own time."""
+    collectives, and by kind; their calls per step by name and size; the profiled step's own
+    time."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     dist.barrier()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         start = time.perf_counter()
         for _ in range(steps):
             with record_function(STEP_EVENT):
@@ -114,8 +167,11 @@ def _profiled(step: Callable[[], None], steps: int) -> dict[str, Any]:
         dist.barrier()
         elapsed = time.perf_counter() - start
     seconds, calls = collective_time(prof.events())
+    sizes = collective_sizes(prof.events(), dist.get_world_size())
     return {"profiled_step_s": elapsed / steps, "collectives_s": seconds / steps,
-            "calls": {name: n / steps for name, n in sorted(calls.items())}}  # fmt: skip
+            "calls": {name: n / steps for name, n in sorted(calls.items())},
+            "sizes": {name: {numel: n / steps for numel, n in found.items()}
+                      for name, found in sizes.items()}}  # fmt: skip
 
 
 def is_collective(name: str) -> bool:
@@ -133,6 +189,47 @@ def collective_time(events: Iterable[Any]) -> tuple[float, Counter[str]]:
             total += event.cpu_time_total / 1e6
             calls[event.name] += 1
     return total, calls
+
+
+def collective_sizes(events: Iterable[Any], world: int) -> dict[str, Counter[int]]:
+    """The outermost collectives inside the profiled steps by name (waits left out), and their
+    calls by the elements of the whole tensor each moves (an all-gather's output, a
+    reduce-scatter's input, an all-reduce's tensor), from the profiler's input shapes."""
+    sizes: dict[str, Counter[int]] = {}
+    for event in events:
+        if event.name in KINDS and _outermost_in_step(event) and event.input_shapes:
+            numel = math.prod(event.input_shapes[0]) * (world if event.name == GATHER else 1)
+            sizes.setdefault(event.name, Counter())[numel] += 1
+    return sizes
+
+
+def _floors(sizes: dict[str, dict[int, float]], repeats: int = FLOOR_REPEATS) -> dict[str, Any]:
+    """Each kind's calls per step issued alone (c10d's op on the same group, fp32 tensors of the
+    step's sizes) and its floor: an all-reduce of each call's whole tensor; ms per step, the
+    median of `repeats` of each."""
+    world, found = dist.get_world_size(), {}
+    for name, calls in sorted(sizes.items()):
+        alone = floor = 0.0
+        for numel, per_step in calls.items():
+            whole, part = torch.zeros(numel), torch.zeros(numel // world)
+            issue = functools.partial(ISSUE[name], whole, part)
+            alone += per_step * _median_s(issue, repeats)
+            floor += per_step * _median_s(functools.partial(dist.all_reduce, whole), repeats)
+        found[name] = {"calls": sum(calls.values()), "alone_ms": alone * 1e3,
+                       "floor_ms": floor * 1e3,
+                       "mb": sum(n * c for n, c in calls.items()) * 4 / MB}  # fmt: skip
+    return found
+
+
+def _median_s(call: Callable[[], Any], repeats: int) -> float:
+    """The median seconds of `call` over `repeats` (every rank calls it in step)."""
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _outermost_in_step(event: Any) -> bool:

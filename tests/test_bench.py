@@ -529,18 +529,36 @@ def _tensor_parallel() -> dict[str, Any]:
         ("all_gather_into_tensor", 27.0), ("all_reduce", 27.0), ("reduce_scatter_tensor", 26.0),
         ("wait_tensor", 80.0))}  # fmt: skip
 
-    def run(step_s: float, collectives_s: float) -> dict[str, Any]:
+    def floors(scale: float) -> dict[str, Any]:
+        return {
+            "_c10d_functional::all_gather_into_tensor": {
+                "calls": 26.0,
+                "mb": 26.0,
+                "alone_ms": 10.0 * scale,
+                "floor_ms": 20.0,
+            },
+            "_c10d_functional::reduce_scatter_tensor": {
+                "calls": 26.0,
+                "mb": 26.0,
+                "alone_ms": 30.0 * scale,
+                "floor_ms": 20.0,
+            },
+        }
+
+    def run(step_s: float, collectives_s: float, scale: float) -> dict[str, Any]:
         rank = {"step_s": step_s, **state, "profiled_step_s": step_s, "replicated_mb": 0.1,
-                "collectives_s": collectives_s, "calls": calls}  # fmt: skip
+                "collectives_s": collectives_s, "calls": calls, "logits_mb": 0.5,
+                "floors": floors(scale)}  # fmt: skip
         return {"step_s": step_s, "ranks": [rank, {**rank, "collectives_s": collectives_s / 2}]}
 
     whole = {"params_mb": 18.4, "grads_mb": 18.4, "optimizer_mb": 18.4, "state_mb": 55.2}
     runs = {
         "single": [{"step_s": 0.4, "ranks": [whole]}, {"step_s": 0.5, "ranks": [whole]}],
-        "tp=2": [run(0.8, 0.2), run(1.2, 0.3)],
+        "tp=2": [run(0.8, 0.2, 1.0), run(1.2, 0.3, 2.0)],
+        "ddp=2": [{"step_s": 0.2}, {"step_s": 0.3}],
     }
     return {"tensor_parallel": {
-        "runs": runs, "steps": 8, "degree": 2, "batch": 16,
+        "runs": runs, "steps": 8, "degree": 2, "batch": 16, "vocab": 256, "floor_repeats": 20,
         "shape": {"n_layer": 6, "n_embd": 256, "n_head": 4, "block_size": 64},
         "quick": False, "smoke": False, "rounds": 2, "date": "today", "duration_s": 120.0,
         "load": ((1.0, 1.0, 1.0), (2.0, 2.0, 2.0)), "cores": 2,
@@ -563,13 +581,26 @@ def test_tensor_parallel_alone_replaces_only_its_part(tmp_path: Path) -> None:
     assert section.endswith("<!-- /bench_tensor_parallel -->\n")
     assert "`python -m benchmarks --sections tensor_parallel --rounds 2`" in section
     assert "load average (1, 5, 15 min) before 1.00, 1.00, 1.00, after 2.00" in section
-    # one process: ms per step, its own ratio, the state by kind; no collectives
-    assert "| one process | 450.0 (400.0-500.0) | 1.00 | 18.4 | 18.4 | 18.4 | 55.2 | 1.000 | - |" \
+    # one process: ms per step, its own ratio, tokens/s (16 x 64 a step), the state by kind, the
+    # whole logits (16 x 64 x 256 floats); no collectives
+    assert "| one process | 450.0 (400.0-500.0) | 1.00 | 2,304 (2,048-2,560) | 18.4 | 18.4 | " \
+        "18.4 | 55.2 | 1.000 | 1.00 | - | - |" in section  # fmt: skip
+    # each rank: ms, the paired ratio (0.8/0.4, 1.2/0.5), tokens/s, state, its ratio, logits,
+    # collectives, share
+    assert "| tp=2, rank 1 | 1,000.0 (800.0-1,200.0) | 2.20 (2.00-2.40) | 1,067 (853-1,280) | " \
+        "9.2 | 9.2 | 9.2 | 27.8 | 0.503 | 0.50 | 250.0 (200.0-300.0) | 0.25 (0.25-0.25) |" \
         in section  # fmt: skip
-    # each rank: ms, the paired ratio (0.8/0.4, 1.2/0.5), state, its ratio, collectives, share
-    assert "| tp=2, rank 1 | 1,000.0 (800.0-1,200.0) | 2.20 (2.00-2.40) | 9.2 | 9.2 | 9.2 | " \
-        "27.8 | 0.503 | 250.0 (200.0-300.0) | 0.25 (0.25-0.25) |" in section  # fmt: skip
     assert "| tp=2, rank 2 |" in section and "| 125.0 (100.0-150.0) | 0.12 (0.12-0.12) |" in section
+    assert "| ddp=2 (each rank half the batch) | 250.0 (200.0-300.0) | 0.55 (0.50-0.60) | " \
+        "4,267 (3,413-5,120) | - |" in section  # fmt: skip
+    # each kind of collective: rank 1's calls, MB, alone and floor per round, and their ratio
+    assert "| `all_gather_into_tensor` | 26 | 26.00 | 15.0 (10.0-20.0) | 20.0 (20.0-20.0) | " \
+        "0.75 (0.50-1.00) |" in section  # fmt: skip
+    assert "| `reduce_scatter_tensor` | 26 | 26.00 | 45.0 (30.0-60.0) | 20.0 (20.0-20.0) | " \
+        "2.25 (1.50-3.00) |" in section  # fmt: skip
+    # tp's tokens/s over ddp's, paired (0.2/0.8, 0.3/1.2); the logits; round 1's floors
+    assert "tensor parallelism trains 0.25x its tokens/s; each rank's logits are 0.50 of" in section
+    assert "Alone, a step's collectives took 1.00x what all-reduces" in section
     assert "Each rank holds 0.503 of one process's training state" in section
     assert "27 all-gathers, 26 reduce-scatters, 27 all-reduces and 80 waits" in section
     assert "2.20x one process's (slower than one process)" in section
@@ -618,6 +649,27 @@ def test_collective_time_counts_each_call_once_inside_the_steps() -> None:
     assert calls == {"_c10d_functional::all_gather_into_tensor": 1,
                      "_c10d_functional::reduce_scatter_tensor": 1,
                      "_c10d_functional::wait_tensor": 1}  # fmt: skip
+
+
+def test_collective_sizes_are_the_whole_tensors_each_call_moves() -> None:
+    """An all-gather's whole is its output (its input times the world), a reduce-scatter's and
+    an all-reduce's their input; waits and calls outside a step are left out."""
+    from types import SimpleNamespace as Event
+
+    from benchmarks.tensor_parallel import GATHER, REDUCE, SCATTER, STEP_EVENT, collective_sizes
+
+    step = Event(name=STEP_EVENT, cpu_parent=None, input_shapes=[])
+    events = [
+        step,
+        Event(name=GATHER, cpu_parent=step, input_shapes=[[4, 8, 16]]),
+        Event(name=GATHER, cpu_parent=step, input_shapes=[[4, 8, 16]]),
+        Event(name=SCATTER, cpu_parent=step, input_shapes=[[4, 16, 16]]),
+        Event(name=REDUCE, cpu_parent=step, input_shapes=[[16]]),
+        Event(name="_c10d_functional::wait_tensor", cpu_parent=step, input_shapes=[[4, 16, 16]]),
+        Event(name=REDUCE, cpu_parent=None, input_shapes=[[99]]),  # outside the steps
+    ]  # fmt: skip
+    assert collective_sizes(events, world=2) == {GATHER: {1024: 2}, SCATTER: {1024: 1},
+                                                 REDUCE: {16: 1}}  # fmt: skip
 
 
 def test_tensor_parallel_one_process_reports_its_state_by_kind() -> None:

@@ -1,6 +1,7 @@
 """Section 14 of the report, from the `tensor_parallel` section (benchmarks/tensor_parallel.py):
-per-step time, each rank's training state against one process's, and the time each rank's step
-spends in the collectives. It stands between two markers (`<!-- bench_tensor_parallel -->`), so
+per-step time and tokens/s against one process and ddp, each rank's training state and logits
+against one process's, the time each rank's step spends in the collectives, and each kind of
+collective beside its floor. It stands between two markers (`<!-- bench_tensor_parallel -->`), so
 that `--sections tensor_parallel` replaces it alone (benchmarks/report/document.py)."""
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ def markdown(r: dict[str, Any]) -> str:
     whole = single[0]["ranks"][0]
     single_steps = [run["step_s"] for run in single]
     sizes = [f"{whole[f'{k}_mb']:,.1f}" for k in (*STATE, "state")]
-    rows = [["one process", Stat.of([s * 1e3 for s in single_steps]).fmt(",.1f"), "1.00", *sizes,
-             "1.000", "-", "-"]]  # fmt: skip
+    shape, tokens = r["shape"], r["batch"] * r["shape"]["block_size"]  # a step's, world-wide
+    rate = lambda steps: Stat.of([tokens / s for s in steps]).fmt(",.0f")  # noqa: E731
+    rows = [["one process", Stat.of([s * 1e3 for s in single_steps]).fmt(",.1f"), "1.00",
+             rate(single_steps), *sizes, "1.000", f"{_logits_mb(r):,.2f}", "-", "-"]]  # fmt: skip
     for i in range(degree):
         ranks = [run["ranks"][i] for run in split]
         state = ranks[0]  # the same every round: the sizes are the model's
@@ -47,16 +50,25 @@ def markdown(r: dict[str, Any]) -> str:
             f"tp={degree}, rank {i + 1}",
             Stat.of([rank["step_s"] * 1e3 for rank in ranks]).fmt(",.1f"),
             paired_ratios([rank["step_s"] for rank in ranks], single_steps).fmt(".2f"),
+            rate([run["step_s"] for run in split]),
             *(f"{state[f'{k}_mb']:,.1f}" for k in (*STATE, "state")),
             f"{state['state_mb'] / whole['state_mb']:.3f}",
+            f"{state['logits_mb']:,.2f}",
             Stat.of([rank["collectives_s"] * 1e3 for rank in ranks]).fmt(",.1f"),
             _share(ranks).fmt(".2f"),
         ])  # fmt: skip
-    shape = r["shape"]
-    headers = ("run | ms per step | step / one process | params MB | grads MB | optimizer MB | "
-               "state MB | state / one process | collectives ms per step | collectives' share "
-               "of the step")  # fmt: skip
+    ddp = [run["step_s"] for run in runs[f"ddp={degree}"]]
+    rows.append([f"ddp={degree} (each rank half the batch)",
+                 Stat.of([s * 1e3 for s in ddp]).fmt(",.1f"),
+                 paired_ratios(ddp, single_steps).fmt(".2f"), rate(ddp),
+                 *["-"] * 8])  # fmt: skip
+    headers = ("run | ms per step | step / one process | tokens/s | params MB | grads MB | "
+               "optimizer MB | state MB | state / one process | logits MB | collectives ms "
+               "per step | collectives' share of the step")  # fmt: skip
     note = "`--sections tensor_parallel` writes only this part of the report."
+    floors = md_table("collective | calls per step | MB per step | ms per step, alone | floor ms "
+                      "per step (all-reduce of the same size) | alone / floor",
+                      _floor_rows(split))  # fmt: skip
     profiled = _median(rank["profiled_step_s"] * 1e3 for run in split for rank in run["ranks"])
     timed = _median(rank["step_s"] * 1e3 for run in split for rank in run["ranks"])
     return f"""{TITLE}{quick_banner(r)}
@@ -76,11 +88,45 @@ ranks and rounds): the sum of the outermost collective calls inside each step on
 thread, `_c10d_functional::all_gather_into_tensor`, `reduce_scatter_tensor`, `all_reduce` and
 `wait_tensor` (the wait for their results); the `c10d::` ops they call are counted through
 them, and Gloo's own threads' events (`gloo:all_gather`, ...: the transfers the step waits
-for) not at all. The share is that sum over the profiled step's time.
+for) not at all. The share is that sum over the profiled step's time. The loss is computed on
+each rank's slice of the logits (`loss_parallel`: the head's output split over the vocabulary,
+as dpt's tensor-parallel runs of a language model have it); logits MB is what a rank's
+forward gives, the one process's its whole logits. ddp={degree}: the same model wrapped by dpt's
+ddp on {degree} ranks, each half of the batch; tokens/s are the world's ({tokens:,} tokens a
+step over its time).
 
 {md_table(headers, rows)}
 
+Each kind of collective of a step, beside its floor (rank 1, medians of its rounds): the calls a
+step made of each, by the profiler (its sizes from the calls' inputs, fp32), issued again alone
+on the same group ({r["floor_repeats"]} times each, the median) after the profiled steps, and
+the floor: an all-reduce of each call's whole tensor (the gathered output, the scattered
+input), what the same bytes cost as the collective every data-parallel step makes.
+
+{floors}
+
 {_reading(r)}"""
+
+
+def _logits_mb(r: dict[str, Any]) -> float:
+    """One process's logits: the batch's windows, a float for every word of the vocabulary."""
+    return r["batch"] * r["shape"]["block_size"] * r["vocab"] * 4 / 2**20
+
+
+def _floor_rows(split: list[dict[str, Any]]) -> list[list[str]]:
+    """Per kind of collective: rank 1's calls and bytes per step, its time alone and its floor
+    (medians over the rounds), and their paired ratio."""
+    firsts = [run["ranks"][0]["floors"] for run in split]
+    rows = []
+    for name in sorted(firsts[0]):
+        each = [found[name] for found in firsts]
+        alone, floor = [e["alone_ms"] for e in each], [e["floor_ms"] for e in each]
+        rows.append([
+            f"`{name.rpartition('::')[2]}`", f"{each[0]['calls']:.0f}", f"{each[0]['mb']:,.2f}",
+            Stat.of(alone).fmt(",.1f"), Stat.of(floor).fmt(",.1f"),
+            paired_ratios(alone, floor).fmt(".2f"),
+        ])  # fmt: skip
+    return rows
 
 
 def _share(ranks: list[dict[str, Any]]) -> Stat:
@@ -114,6 +160,11 @@ def _reading(r: dict[str, Any]) -> str:
     every = [rank for run in split for rank in run["ranks"]]
     rest = _median((rank["profiled_step_s"] - rank["collectives_s"]) * 1e3 for rank in every)
     half = _median(run["step_s"] * 1e3 / degree for run in runs["single"])
+    against_ddp = paired_ratios([run["step_s"] for run in runs[f"ddp={degree}"]],
+                                [run["step_s"] for run in split])  # fmt: skip
+    logits = max(rank["logits_mb"] for rank in ranks) / _logits_mb(r)
+    floors = ranks[0]["floors"].values()
+    alone = sum(f["alone_ms"] for f in floors) / sum(f["floor_ms"] for f in floors)
     return (
         f"**Reading it.** Each rank holds {state:.3f} of one process's training state: the "
         f"layer norms, the position embedding and the row-split projections' biases "
@@ -129,5 +180,9 @@ def _reading(r: dict[str, Any]) -> str:
         f"loopback, with {degree} ranks sharing {r['cores']} CPU cores, tensor parallelism "
         f"buys {buys}. On GPUs joined by NVLink the same collectives are a small part of a "
         "step, and it is what lets a layer too wide for one device train: each rank holds and "
-        f"computes 1/{degree} of every block's weights."
+        f"computes 1/{degree} of every block's weights. Against ddp on the same {degree} ranks "
+        f"(each half the batch), tensor parallelism trains {against_ddp.median:.2f}x its "
+        f"tokens/s; each rank's logits are {logits:.2f} of one process's (its slice of the "
+        "vocabulary: the loss is computed on the split). Alone, a step's collectives took "
+        f"{alone:.2f}x what all-reduces of the same sizes take (the floor)."
     )
