@@ -315,3 +315,37 @@ def test_a_tracker_that_fails_is_tried_again_then_dropped_with_one_warning(
         "logger mlflow: Connection refused; dropped after 3 tries: the rest of this run is not "
         "in it (the run goes on; its own files, metrics.json and tb/, are complete)"
     ]
+
+
+def test_the_trackers_process_appends_the_rows_it_is_sent_and_its_death_is_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rank 0's hand-over: rows held, sent in a batch (a flush: before a checkpoint), the CSV
+    file appended to (a validation joining its step's row: the file written anew); the process
+    gone mid-run is one warning, and the run's later calls go nowhere."""
+    from dpt.observe.trackers.opening import open_trackers
+    from dpt.observe.trackers.tracker import RunInfo
+    from tests.helpers import compose
+
+    logger, info = compose("logger=[csv]").logger, RunInfo(tmp_path, "run", {}, {}, False)
+    trackers = open_trackers(logger, info)
+    for step in (1, 2):
+        trackers.log_metrics({"train/loss": 1.0 / step}, step, 0.0)
+    trackers.flush()
+    trackers.log_metrics({"val/loss": 0.25}, 2, 0.0)  # joins step 2's row
+    trackers.log_metrics({"train/loss": 1 / 3}, 3, 0.0)
+    trackers.close("FINISHED")
+    assert csv_rows(tmp_path) == [{"step": 1, "train/loss": 1.0},
+                                  {"step": 2, "train/loss": 0.5, "val/loss": 0.25},
+                                  {"step": 3, "train/loss": 1 / 3}]  # fmt: skip
+    trackers = open_trackers(logger, info)
+    assert trackers.proc is not None and trackers._reader is not None
+    with caplog.at_level("WARNING", logger="dpt"):
+        trackers.proc.kill()
+        trackers._reader.join(10)
+        trackers.log_metrics({"train/loss": 1.0}, 1, 0.0)
+        trackers.close("FINISHED")
+    assert [r.getMessage() for r in caplog.records if "logger csv" in r.getMessage()] == [
+        "logger csv: the trackers' process ended mid-run; the rest of this run is not in them "
+        "(the run goes on; its own files, metrics.json and tb/, are complete)"
+    ]

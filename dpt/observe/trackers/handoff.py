@@ -36,6 +36,7 @@ class Trackers:
         self._held: list[Row] = []
         self._sent_at = time.monotonic()
         self._answers: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._started = self._closing = False
         self._reader: threading.Thread | None = None
         if proc is not None:
             self._reader = threading.Thread(target=self._read, name="dpt-trackers", daemon=True)
@@ -44,11 +45,10 @@ class Trackers:
     @classmethod
     def start(cls, logger: dict[str, Any], info: RunInfo, names: list[str]) -> Trackers:
         """The trackers' process, their runs started (or the one line why one cannot start)."""
-        path = os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")])
+        path = os.pathsep.join(p for p in sys.path if p)  # what the rank imports from
         proc = subprocess.Popen(
             [sys.executable, "-m", "dpt.observe.trackers.process"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": path.rstrip(os.pathsep)},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path},
         )  # fmt: skip
         trackers = cls(proc, ", ".join(names))
         trackers._send(("start", logger, info))
@@ -59,6 +59,7 @@ class Trackers:
         if kind != "started":
             trackers.close(None)
             raise DptError(str(found))
+        trackers._started = True
         return trackers
 
     def log_metrics(self, scalars: dict[str, float], step: int, wall_time: float) -> None:
@@ -84,6 +85,7 @@ class Trackers:
         if self.proc is None:
             return
         self.flush()
+        self._closing = True
         if status is not None:
             self._send(("finish", status))
         proc, self.proc = self.proc, None
@@ -114,13 +116,23 @@ class Trackers:
             try:
                 kind, text = pickle.load(out)
             except (EOFError, OSError, pickle.UnpicklingError):  # it ended (its stderr says how)
-                self._answers.put(("failed", f"logger {self.names}: the trackers' process "
-                                             "ended before their runs started"))  # fmt: skip
+                self._ended()
                 return
             if kind == "warning":
                 log.warning(text)
             else:
                 self._answers.put((kind, text))
+
+    def _ended(self) -> None:
+        """The process gone before the run closed it: before its start, the start's answer;
+        after it, one warning (the run goes on; its own files are complete)."""
+        if not self._started:
+            self._answers.put(("failed", f"logger {self.names}: the trackers' process ended "
+                                         "before their runs started"))  # fmt: skip
+        elif not self._closing:
+            log.warning(f"logger {self.names}: the trackers' process ended mid-run; the rest of "
+                        "this run is not in them (the run goes on; its own files, metrics.json "
+                        "and tb/, are complete)")  # fmt: skip
 
 
 def _close_quietly(pipe: IO[bytes] | None) -> None:

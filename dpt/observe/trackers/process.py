@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import sys
 from typing import Any, BinaryIO
 
@@ -61,6 +62,11 @@ def serve(inbox: BinaryIO, out: BinaryIO) -> None:
 
 
 def main() -> None:
+    # A Ctrl-C or a scheduler's SIGTERM reaches the whole process group: the rank stops, sends
+    # what it holds and closes this process's stdin, which it then ends at (or when the rank
+    # itself was killed).
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, signal.SIG_IGN)
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a client's own prints: to stderr
     serve(sys.stdin.buffer, out)
