@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from dpt.distributed import local_part
-
-MB = 2**20
+from dpt.observe.memory import MB
 
 
 @dataclass
