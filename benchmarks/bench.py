@@ -26,8 +26,10 @@ every layer split over 2 ranks by `strategy.tensor_parallel=2`, against one proc
 time, each rank's state against one process's, the collectives' time per step from
 torch.profiler; writes only its own section), `trackers` (not run by default: the default job
 logging every 10 steps with MLflow and the CSV file beside TensorBoard, against TensorBoard
-alone, and the steps the MLflow runs hold; writes only its own section). benchmarks/README.md
-says more.
+alone, and the steps the MLflow runs hold; writes only its own section), `hf` (not run by
+default: a `model=hf` Llama folder, tiny and of 3 M parameters, full and LoRA, trained by dpt, a
+hand-written loop and transformers' Trainer: samples/s and seconds to the first step; writes
+only its own section). benchmarks/README.md says more.
 
 Every comparison alternates its contenders run by run (A, B, A, B, ...) and reports medians and
 paired ratios: on a shared machine single absolute times say little. Runs go to a temporary
@@ -50,6 +52,7 @@ from benchmarks import (
     baseline,
     gpt,
     gpu,
+    hf_models,
     loops,
     memory,
     monitor,
@@ -65,7 +68,7 @@ from benchmarks.runner import REPO, RunError, Say
 
 SECTIONS = (
     "loops", "startup", "pipeline", "sync", "gpu", "memory", "monitor", "baseline", "gpt",
-    "pipeline_parallel", "tensor_parallel", "trackers",
+    "pipeline_parallel", "tensor_parallel", "trackers", "hf",
 )  # fmt: skip
 DEFAULT_SECTIONS = SECTIONS[:5]  # memory, monitor, baseline, gpt, the parallelisms: on their own
 REPORT = REPO / "docs"  # where a measurement's report goes: docs/performance.md, tracked
@@ -84,6 +87,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, Path, Say], dict[str, Any]]] = 
     "pipeline_parallel": pipeline_parallel.run,
     "tensor_parallel": tensor_parallel.run,
     "trackers": trackers.run,
+    "hf": hf_models.run,
 }
 # Where the classes in results saved with --save before the benchmarks were a package now live.
 _MOVED = {"bench_common": "benchmarks.runner", "bench_runs": "benchmarks.jobs"}

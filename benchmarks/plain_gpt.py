@@ -30,7 +30,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -42,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the model class of this checkout, wherever this file is started
     sys.path.insert(0, str(REPO))
 
+from benchmarks.token_windows import Windows  # noqa: E402
 from dpt.models.gpt import GPT  # noqa: E402  (the model only: nothing of dpt's loop)
 
 
@@ -73,24 +73,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # --- data -----------------------------------------------------------------------------------------
-
-
-class Windows:
-    """Window i of the token file: tokens[i*T : i*T + T + 1] (inputs, and targets one later)."""
-
-    def __init__(self, path: Path, count: int, dtype: str, block_size: int) -> None:
-        self.tokens = np.memmap(path, dtype=dtype, mode="r", shape=(count,))
-        self.block_size = block_size
-        self.offsets = np.arange(block_size + 1)
-
-    def __len__(self) -> int:
-        return (len(self.tokens) - 1) // self.block_size
-
-    def batch(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The windows of `indices`, in one indexing op."""
-        starts = np.asarray(indices, dtype=np.int64)[:, None] * self.block_size
-        window = torch.from_numpy(self.tokens[starts + self.offsets].astype(np.int64))
-        return window[:, :-1], window[:, 1:]
 
 
 def epoch_batches(data: Windows, sampler: DistributedSampler, batch_size: int) -> list[list[int]]:

@@ -5,7 +5,7 @@ Each section's report is a module of this package with `chapters(results)` (Mark
 section was not measured), and `targets(results)` (its rows of the targets table) and
 `plot(out, results)` where it has them. Sections measured on their own (MARKED: `memory`,
 `monitor`, `baseline`, `gpu` (which needs a machine with a GPU), `gpt`, `pipeline_parallel`,
-`tensor_parallel`, `trackers`) stand between two markers, `<!-- bench_NAME -->` and
+`tensor_parallel`, `trackers`, `hf`) stand between two markers, `<!-- bench_NAME -->` and
 `<!-- /bench_NAME -->`: `--sections memory` replaces that part of an existing report alone, and
 a whole report keeps it unless it measured it anew (a `gpu` section that found no GPU keeps the
 numbers an earlier report measured on one).
@@ -28,6 +28,7 @@ from benchmarks.report import (
     baseline,
     gpt,
     gpu,
+    hf_models,
     loops,
     memory,
     monitor,
@@ -45,14 +46,14 @@ REPORT = "performance.md"
 CHAPTERS: tuple[ModuleType, ...] = (loops, pipeline, sync, startup, overhead)  # in order
 # The targets table's rows come in this order (each section's rows in its own order).
 TARGETS: tuple[ModuleType, ...] = (
-    loops, startup, overhead, pipeline, sync, monitor, baseline, gpt, trackers
+    loops, startup, overhead, pipeline, sync, monitor, baseline, gpt, trackers, hf_models
 )  # fmt: skip
 PLOTS: tuple[ModuleType, ...] = (loops, pipeline, sync)
 # After the method, each between its markers, in this order.
 MARKED: dict[str, ModuleType] = {
     "memory": memory, "monitor": monitor, "baseline": baseline, "gpu": gpu, "gpt": gpt,
     "pipeline_parallel": pipeline_parallel, "tensor_parallel": tensor_parallel,
-    "trackers": trackers,
+    "trackers": trackers, "hf": hf_models,
 }  # fmt: skip
 
 

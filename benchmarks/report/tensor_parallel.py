@@ -163,8 +163,11 @@ def _reading(r: dict[str, Any]) -> str:
     against_ddp = paired_ratios([run["step_s"] for run in runs[f"ddp={degree}"]],
                                 [run["step_s"] for run in split])  # fmt: skip
     logits = max(rank["logits_mb"] for rank in ranks) / _logits_mb(r)
-    floors = ranks[0]["floors"].values()
-    alone = sum(f["alone_ms"] for f in floors) / sum(f["floor_ms"] for f in floors)
+    alone = _median(
+        sum(f["alone_ms"] for f in run["ranks"][0]["floors"].values())
+        / sum(f["floor_ms"] for f in run["ranks"][0]["floors"].values())
+        for run in split
+    )  # rank 1's, each round's: their median
     return (
         f"**Reading it.** Each rank holds {state:.3f} of one process's training state: the "
         f"layer norms, the position embedding and the row-split projections' biases "
@@ -184,5 +187,6 @@ def _reading(r: dict[str, Any]) -> str:
         f"(each half the batch), tensor parallelism trains {against_ddp.median:.2f}x its "
         f"tokens/s; each rank's logits are {logits:.2f} of one process's (its slice of the "
         "vocabulary: the loss is computed on the split). Alone, a step's collectives took "
-        f"{alone:.2f}x what all-reduces of the same sizes take (the floor)."
+        f"{alone:.2f}x what all-reduces of the same sizes take (the floor; rank 1, the median "
+        "of the rounds)."
     )
