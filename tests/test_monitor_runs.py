@@ -218,9 +218,11 @@ def test_an_error_on_a_non_finite_loss_names_the_module(tmp_path: Path) -> None:
 
 
 def test_a_loader_that_slows_down_is_a_slowdown_event(tmp_path: Path) -> None:
-    # From step 9 on every sample takes 2 ms more to load: a step of 64, 128 ms more.
+    # From step 9 on every sample takes 2 ms more to load: a step of 64, 128 ms more. Spans of
+    # 2 ms: the warmup's 3 spans lie in steps 1-8 however fast a step is (at 10 ms, a fast
+    # machine's eight steps of ~1.3 ms made one span, and the slow ones fell into the warmup).
     overrides = [*CONF, "dataset=slow", "trainer.epochs=1", "trainer.log_every_n_steps=1",
-                 "monitor.slowdown.span_s=0.01", "monitor.slowdown.patience=2"]  # fmt: skip
+                 "monitor.slowdown.span_s=0.002", "monitor.slowdown.patience=2"]  # fmt: skip
     result = train(tmp_path, *overrides)  # a process of its own: step times as a user sees them
     [event] = read_events(tmp_path)
     assert (event["detector"], event["signal"], event["action"]) == ("slowdown", "step_time",
