@@ -18,7 +18,6 @@ import argparse
 import functools
 import itertools
 import resource
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from benchmarks.runner import Say, alternate, spawn_world
+from benchmarks.runner import Say, alternate, spawn_world, step_seconds
 from dpt.config.build import build
 from dpt.distributed import DistEnv
 from dpt.launch.cli import compose_from_argv
@@ -75,14 +74,8 @@ def _train(strategy: str, env: DistEnv, warmup: int, steps: int) -> dict[str, fl
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(warmup):  # Adam's moments exist from the first step on
-        step()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    dist.barrier()
-    elapsed = time.perf_counter() - start
+    # Adam's moments exist from the warm-up's first step on
+    elapsed = step_seconds(step, warmup, steps) * steps
     # ru_maxrss: KiB on Linux.
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {**MemoryUse(model, optimizer).scalars(), "peak_rss_mb": peak_rss_mb,

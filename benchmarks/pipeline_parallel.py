@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from benchmarks.report.common import stamp
-from benchmarks.runner import Say, alternate, spawn_world
+from benchmarks.runner import Say, alternate, spawn_world, step_seconds
 from dpt.distributed import DistEnv
 from dpt.loop.pipeline import Pipeline
 from dpt.models.gpt import GPT
@@ -93,15 +93,10 @@ def _single(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        for _ in range(warmup):
-            step()
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        elapsed = time.perf_counter() - start
+        step_s = step_seconds(step, warmup, steps)
     finally:
         torch.set_num_threads(threads)
-    return {"step_s": elapsed / steps, "ranks": [(state or _state_mb)(model, optimizer)]}
+    return {"step_s": step_s, "ranks": [(state or _state_mb)(model, optimizer)]}
 
 
 def _rank(
@@ -119,15 +114,9 @@ def _rank(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(warmup):
-        step()
-    strategy.rank_scalars()  # the warm-up's times left out
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    dist.barrier()
-    row = {"step_s": (time.perf_counter() - start) / steps, **strategy.rank_scalars(),
+    # the warm-up's times left out of the stages' own (rank_scalars reads and resets them)
+    step_s = step_seconds(step, warmup, steps, after_warmup=strategy.rank_scalars)
+    row = {"step_s": step_s, **strategy.rank_scalars(),
            **_state_mb(model, optimizer)}  # fmt: skip
     rows: list[Any] = [None] * env.world_size
     dist.all_gather_object(rows, row)

@@ -72,6 +72,31 @@ def time_calls(func: Callable[[], object], repeat: int) -> list[float]:
     return times
 
 
+def step_seconds(
+    step: Callable[[], object],
+    warmup: int,
+    steps: int,
+    after_warmup: Callable[[], object] | None = None,
+) -> float:
+    """Seconds per step of `steps` steps after `warmup` untimed ones (then `after_warmup`, e.g.
+    a reset of what the warm-up counted); in a process group, every rank starts and ends the
+    timed steps together (a barrier each side: the slowest rank's time is the world's)."""
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        step()
+    if after_warmup is not None:
+        after_warmup()
+    if dist.is_initialized():
+        dist.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if dist.is_initialized():
+        dist.barrier()
+    return (time.perf_counter() - start) / steps
+
+
 def alternate(
     contenders: Mapping[K, Callable[[], T]],
     rounds: int,

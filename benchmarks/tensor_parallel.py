@@ -35,7 +35,7 @@ from torch import nn
 from benchmarks import pipeline_parallel
 from benchmarks.pipeline_parallel import BATCH, SHAPE, VOCAB, _batch, _loss, _model
 from benchmarks.report.common import stamp
-from benchmarks.runner import Say, alternate, spawn_world
+from benchmarks.runner import Say, alternate, spawn_world, step_seconds
 from dpt.distributed import DistEnv
 from dpt.loop.strategy import DDP
 from dpt.observe.memory import MB, MemoryUse, local_bytes
@@ -112,14 +112,7 @@ def _rank(env: DistEnv, tmp: Path, warmup: int, steps: int, shape: dict[str, int
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(warmup):
-        step()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    dist.barrier()
-    step_s = (time.perf_counter() - start) / steps
+    step_s = step_seconds(step, warmup, steps)
     profiled = _profiled(step, steps)
     row = {"step_s": step_s, **_state_mb(model, optimizer), **profiled,
            "replicated_mb": _replicated_mb(model), "logits_mb": max(logits),
@@ -142,14 +135,7 @@ def _ddp_rank(env: DistEnv, tmp: Path, warmup: int, steps: int,
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(warmup):
-        step()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    dist.barrier()
-    return {"step_s": (time.perf_counter() - start) / steps}
+    return {"step_s": step_seconds(step, warmup, steps)}
 
 
 def _profiled(step: Callable[[], None], steps: int) -> dict[str, Any]:
