@@ -31,13 +31,15 @@ class _Bucket:
 
 class ReplicaMean:
     """The gradients' mean over the replicas in `group` (`size` ranks), overlapped with the
-    last backward of each step; `finish` after it."""
+    last backward of each step (`overlap`; else all taken by `finish`); `finish` after it."""
 
-    def __init__(self, model: nn.Module, group: Any, size: int, bucket_cap_mb: float) -> None:
+    def __init__(
+        self, model: nn.Module, group: Any, size: int, bucket_cap_mb: float, overlap: bool = True
+    ) -> None:
         self.group, self.size, self.syncing = group, size, True
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.buckets = _buckets(list(reversed(trainable)), bucket_cap_mb * MB)
-        for bucket in self.buckets:
+        for bucket in self.buckets if overlap else ():
             for param in bucket.params:
                 param.register_post_accumulate_grad_hook(
                     lambda _, bucket=bucket: self._made(bucket)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
@@ -13,10 +14,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from dpt.config.strategies import COMM_HOOK_NAMES, REDUCE_DTYPES
-from dpt.distributed import DistEnv, is_dtensor, local_part
+from dpt.distributed import DistEnv, is_dtensor
 from dpt.errors import DptError
 from dpt.loop.mesh import Degrees
-from dpt.loop.replica_mean import ReplicaMean, broadcast_buffers, differing_buffers
+from dpt.loop.replica_mean import ReplicaMean
 from dpt.models.blocks import blocks
 from dpt.models.sync_batchnorm import convert_sync_batchnorm, has_batchnorm
 
@@ -331,25 +332,11 @@ def grads_as_params(model: nn.Module) -> None:
 
 def mean_gradients(model: nn.Module, group: Any, size: int) -> None:
     """What DistributedDataParallel does, after backward rather than during it, for what it
-    cannot wrap (a model of DTensors, a pipeline stage whose schedule runs several forwards
-    before their backwards): each gradient (this rank's slice of it) averaged over the
-    replicas in `group`, one all-reduce per dtype over the gradients laid end to end; then the
-    buffers that can differ (BatchNorm's statistics) made the group's first rank's, as DDP
-    broadcasts them."""
-    grads: dict[torch.dtype, list[torch.Tensor]] = {}
-    for param in model.parameters():
-        if param.requires_grad:
-            if param.grad is None:  # as DDP leaves it: every replica reduces the same list
-                param.grad = torch.zeros_like(param)
-            grad = local_part(param.grad)
-            grads.setdefault(grad.dtype, []).append(grad)
-    for same in grads.values():
-        flat = torch.cat([g.reshape(-1) for g in same])
-        torch.distributed.all_reduce(flat, group=group)
-        flat /= size
-        for grad, part in zip(same, flat.split([g.numel() for g in same]), strict=True):
-            grad.copy_(part.view_as(grad))
-    broadcast_buffers(differing_buffers(model), group)
+    cannot wrap as the step runs (a pipeline stage whose schedule runs several forwards before
+    their backwards): each gradient (this rank's slice of it) averaged over the replicas in
+    `group`, one all-reduce per dtype over the gradients laid end to end; then the buffers that
+    can differ (BatchNorm's statistics) made the group's first rank's, as DDP broadcasts them."""
+    ReplicaMean(model, group, size, bucket_cap_mb=math.inf, overlap=False).finish()
 
 
 def fsdp_precision(precision: str, reduce_dtype: torch.dtype) -> Any:
