@@ -47,6 +47,7 @@ def _messages(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> li
         ("trainer.max_steps=40", True),
         ("trainer.epochs=7", True),
         ("optimizer.lr=0.05", True),
+        ("optimizer.fused=false", True),  # the same state, a loop per tensor instead
         ("trainer.log_every_n_steps=3", True),
         ("checkpoint.keep=9", True),
         ("dataset.num_workers=1", True),
@@ -96,6 +97,13 @@ def test_a_refused_kind_is_named_before_its_values() -> None:
 
 def test_the_table_has_no_entry_both_applied_and_refused() -> None:
     assert not set(APPLIED) & {prefix for prefix, _ in REFUSED}
+
+
+def test_a_checkpoint_of_before_the_fused_kernel_resumes_on_it() -> None:
+    stored = flat(_yaml())
+    del stored["optimizer.fused"]  # written before the key was added: its optimizer looped
+    found = compare(stored, flat(_yaml()))
+    assert not found.refused and [c.key for c in found.applied] == ["optimizer.fused"]
 
 
 def test_where_the_checkpoint_comes_from_is_not_a_difference() -> None:

@@ -12,6 +12,9 @@ from dpt.config.checks import Check, at_least, checked
 # Keys of every optimizer's config that dpt applies itself (the parameter groups it hands the
 # optimizer: dpt/loop/param_groups.py), not passed to `_target_`.
 GROUP_KEYS = ("groups", "layer_decay")
+# Adam's and AdamW's key for torch's fused kernel, which dpt gives only where the parameters
+# allow it (dpt.loop.optimizers.fused_fits).
+FUSED_KEY = "fused"
 
 
 @dataclass
@@ -42,6 +45,9 @@ class AdamConfig(ParamGroups):
     lr: float = at_least(0)
     weight_decay: float = at_least(0)
     betas: list[float] = MISSING
+    # torch's fused kernel (one call for all the parameters: Hugging Face's Trainer's default)
+    # where the parameters' device has it; false: torch's default (a loop per tensor on the CPU)
+    fused: bool = MISSING
 
 
 @dataclass
@@ -51,6 +57,7 @@ class AdamWConfig(ParamGroups):
     lr: float = at_least(0)
     weight_decay: float = at_least(0)
     betas: list[float] = MISSING
+    fused: bool = MISSING  # as AdamConfig's
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 
 def adamw_gpt(
@@ -20,6 +21,7 @@ def adamw_gpt(
     lr: float,
     weight_decay: float,
     betas: Sequence[float],
+    fused: bool | None = None,
 ) -> torch.optim.AdamW:
     """`params`: parameters, or dpt's groups of them (dpt/loop/param_groups.py: a group's own
     lr and weight decay kept, the decay still on its matrices only)."""
@@ -32,7 +34,8 @@ def adamw_gpt(
             {**rest, "params": [p for p in trainable if p.dim() >= 2], "weight_decay": decay},
             {**rest, "params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0},
         ]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=tuple(betas))
+    kept = [g for g in groups if g["params"]]
+    return torch.optim.AdamW(kept, lr=lr, betas=tuple(betas), fused=fused)
 
 
 def _as_groups(params: Iterable[Any]) -> list[dict[str, Any]]:
@@ -40,3 +43,11 @@ def _as_groups(params: Iterable[Any]) -> list[dict[str, Any]]:
     if items and isinstance(items[0], dict):
         return items
     return [{"params": items}]
+
+
+def fused_fits(model: nn.Module) -> bool:
+    """Whether torch's fused Adam kernel takes every parameter that trains: floating point, on
+    a device that has the kernel (the CPU and CUDA do; DTensors' local shards too)."""
+    devices = _get_fused_kernels_supported_devices()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return all(p.is_floating_point() and p.device.type in devices for p in trainable)

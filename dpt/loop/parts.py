@@ -21,7 +21,7 @@ from dpt.config.build import build, build_as
 from dpt.config.finetune import FinetuneConfig
 from dpt.config.models import INIT_KEY, HFModelConfig
 from dpt.config.monitor import MonitorConfig
-from dpt.config.optim import GROUP_KEYS
+from dpt.config.optim import FUSED_KEY, GROUP_KEYS
 from dpt.config.tasks import CLASSIFICATION, LANGUAGE_MODEL, task_kind
 from dpt.config.trainer import CheckpointConfig, TrainerConfig
 from dpt.contract import DataModule, input_dtype, output_names, targets_of, val_transform_node
@@ -34,6 +34,7 @@ from dpt.loop import finetuning
 from dpt.loop.agreement import Agreement
 from dpt.loop.early_stopping import EarlyStopping
 from dpt.loop.evaluate import Validation
+from dpt.loop.optimizers import fused_fits
 from dpt.loop.param_groups import check_groups, param_groups
 from dpt.loop.precision import Precision
 from dpt.loop.strategy import Strategy
@@ -221,6 +222,8 @@ def build_optimizer(node: DictConfig, model: nn.Module) -> torch.optim.Optimizer
     values = OmegaConf.to_container(node, resolve=True)
     assert isinstance(values, dict)
     groups, layer_decay = (values.pop(key, None) for key in GROUP_KEYS)
+    if values.get(FUSED_KEY):  # asked for: given where the parameters' device has the kernel
+        values[FUSED_KEY] = fused_fits(model)
     chosen = [OmegaConf.create(g) for g in groups or []]
     return build(OmegaConf.create(values))(param_groups(model, chosen, layer_decay, values["lr"]))
 

@@ -53,6 +53,7 @@ APPLIED = (
     "optimizer.betas",
     "optimizer.momentum",
     "optimizer.nesterov",
+    "optimizer.fused",  # the same state and arithmetic, in one kernel call
     "scheduler.warmup_steps",
     "scheduler.min_lr",
     "scheduler.step_size",
