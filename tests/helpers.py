@@ -74,8 +74,10 @@ def run_cmd(
     env: dict[str, str] | None = None,
     check: bool = True,
     cwd: Path = REPO,
+    daemon: bool = False,
 ) -> Result:
-    """Run a command; on timeout kill its whole process group (workers included) and fail."""
+    """Run a command; on timeout kill its whole process group (workers included) and fail.
+    `daemon`: it starts a server that outlives it (`ray start`), which the test stops."""
     proc = start(cmd, env, cwd)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -84,7 +86,8 @@ def run_cmd(
         stdout, stderr = proc.communicate()
         report = _failure_report(Result(proc.returncode, stdout, stderr))
         raise AssertionError(f"timed out after {timeout}s: {' '.join(cmd)}\n{report}") from None
-    assert_no_leftovers(proc.pid)
+    if not daemon:
+        assert_no_leftovers(proc.pid)
     result = Result(proc.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}: {' '.join(cmd)}\n{_failure_report(result)}")
@@ -503,7 +506,7 @@ def run_docs_block(tag: str, root: Path) -> tuple[Path, dict[str, Result]]:
     shutil.copytree(REPO / "examples", root / "examples")
     (root / "scripts").symlink_to(REPO / "scripts")
     programs = {"python": [sys.executable]} | {
-        name: [str(BIN / name)] for name in ("dpt", "dpt-shards")
+        name: [str(BIN / name)] for name in ("dpt", "dpt-shards", "ray")
     }
     cwd, results = root, {}
     for command in docs_block(tag):
@@ -520,7 +523,9 @@ def run_docs_block(tag: str, root: Path) -> tuple[Path, dict[str, Result]]:
         elif args[0] == "python" and args[1] != "train.py":
             result = python_in_process(*args[1:], cwd=cwd)
         else:
-            result = run_cmd(programs.get(args[0], [args[0]]) + args[1:], timeout=240, cwd=cwd)
+            program = programs.get(args[0], [args[0]])
+            result = run_cmd(program + args[1:], timeout=240, cwd=cwd,
+                             daemon=args[:2] == ["ray", "start"])  # fmt: skip
         assert result.returncode == 0, result.output  # run_cmd checked it already
         results[command] = result
     return cwd, results

@@ -67,13 +67,6 @@ SKIPPED = {
     "python -m benchmarks": "benchmarks of minutes; tests/test_bench.py covers them",
     "torchrun --nnodes=2": "needs two machines ($HEAD); tests/test_multinode.py runs two nodes",
     "python train.py -m launcher=slurm": "needs a SLURM cluster; tests/test_slurm.py starts one",
-    "ray start --head": (
-        "a Ray head that runs until stopped (`ray stop` kills every Ray process of the machine "
-        "by name); tests/test_ray.py starts one with these options on a free port"
-    ),
-    "python train.py -m hydra/launcher=joblib hydra.launcher.n_jobs=2 launcher=ray": (
-        "needs the line before's Ray cluster; tests/test_ray.py runs such a sweep on its head"
-    ),
     "python train.py -m hydra/launcher=joblib hydra.launcher.n_jobs=2 strategy=ddp": (
         "this very line runs, as written, in tests/test_sweeps.py::"
         "test_the_guides_joblib_sweep_runs_two_ddp_jobs_at_once, which also checks that the two "
@@ -90,6 +83,7 @@ TAGGED = {
     "finetune": "tests/test_lora_runs.py",
     "pipeline": "tests/test_pipeline_runs.py",
     "tracking": "tests/test_trackers.py",
+    "ray": "tests/test_ray.py",
 }
 PROGRAMS = {
     "python": [sys.executable],
