@@ -7,11 +7,14 @@ loopback (`master_listen_fd`), for the local launcher's rendezvous and for rank 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
+import random
 import socket
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
@@ -20,6 +23,11 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from dpt.errors import DptError
 
 LOOPBACK_RENDEZVOUS = "dpt-loopback"
+# Ports for a world's store below Linux's ephemeral ports (32768 and up by default), which
+# every outgoing connection of the machine takes one of: a port chosen there and bound a moment
+# later by rank 0 can be taken in between (EADDRINUSE, seen beside a Ray cluster's connections).
+# Here only a server that asks for the very port competes.
+STORE_PORTS = (20000, 32767)
 
 
 def is_loopback(host: str) -> bool:
@@ -137,7 +145,30 @@ def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
 
     timeout = timedelta(seconds=params.get_as_int("read_timeout", 60))
     store = loopback_store(0, True, timeout)
-    return create_handler(store, _LoopbackBackend(store, params.run_id), params)
+    handler = create_handler(store, _LoopbackBackend(store, params.run_id), params)
+    # torch picks rank 0's port among the ephemeral ones (get_free_port); one of STORE_PORTS
+    # in its place. One node: its agent alone hands the port to its ranks.
+    handler.next_rendezvous = functools.partial(_on_a_store_port, handler.next_rendezvous)
+    return handler
+
+
+def _on_a_store_port(next_rendezvous: Any) -> Any:
+    info = next_rendezvous()
+    info.bootstrap_store_info.master_port = free_store_port()
+    return info
+
+
+def free_store_port() -> int:
+    """A port of STORE_PORTS that nothing holds on 127.0.0.1 now."""
+    for _ in range(200):
+        port = random.randint(*STORE_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise DptError(f"no free port for the world's store in {STORE_PORTS[0]}-{STORE_PORTS[1]}")
 
 
 def register_loopback_rendezvous() -> str:

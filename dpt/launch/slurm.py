@@ -13,20 +13,19 @@ import os
 import random
 
 from dpt.errors import DptError
-
-# A port derived from the job id is the same on every task of a job (no messages needed to
-# agree on it) and differs between the jobs of a sweep. Below Linux's ephemeral ports (32768 and
-# up by default), which the node's outgoing connections take: submitit's 20000-60000 let a job's
-# store find its port taken by one of them (EADDRINUSE, seen in a sweep of two jobs on one node).
-PORT_RANGE = (20000, 32767)
+from dpt.rendezvous import STORE_PORTS
 
 
 def in_slurm_job() -> bool:
     return os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and "SLURM_JOB_ID" in os.environ
 
 
+# A port derived from the job id is the same on every task of a job (no messages needed to
+# agree on it) and differs between the jobs of a sweep; one of dpt.rendezvous.STORE_PORTS, below
+# the ephemeral ports (submitit's 20000-60000 let a job's store find its port taken by one of
+# the node's outgoing connections: EADDRINUSE, seen in a sweep of two jobs on one node).
 def master_port(job_id: str) -> int:
-    return random.Random(job_id).randint(*PORT_RANGE)
+    return random.Random(job_id).randint(*STORE_PORTS)
 
 
 def torch_env_from_slurm(expected_world_size: int) -> dict[str, str]:
