@@ -128,8 +128,14 @@ class DptSlurmLauncher(SlurmLauncher):
     def _result(self, job: Any, num: int, overrides: list[str]) -> JobReturn:
         from submitit.core.utils import UncompletedJobError
 
+        task = job.task(0)  # rank 0's: it ran Hydra's bookkeeping and the callbacks
         try:
-            return job.task(0).result()  # rank 0's: it ran Hydra's bookkeeping and the callbacks
+            task.wait()  # until SLURM says the job ended, or its result is there
+            if job.state.startswith("CANCELLED") and not task.paths.result_pickle.exists():
+                # No result comes from a cancelled job: not submitit's 15 s wait for a slow
+                # shared file system to show one.
+                raise UncompletedJobError(job.state)
+            return task.result()
         except UncompletedJobError:  # killed, timed out, cancelled, or crashed
             lost = DptError(
                 f"SLURM job {job.job_id} ended without a result ({job.state}); "
