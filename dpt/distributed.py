@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -94,24 +96,62 @@ def _join(env: DistEnv, timeout_s: float) -> None:
     kwargs: dict[str, Any] = {"backend": env.backend, "timeout": timeout}
     if env.device.type == "cuda":
         kwargs["device_id"] = env.device  # binds NCCL communicators eagerly to this GPU
+    store = None
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # torchrun's agent: its store
         store = attempt_store(env.rank, timeout)  # outlives a restart; one of this attempt's own
-        kwargs.update(store=store, rank=env.rank, world_size=env.world_size)
     elif is_loopback(os.environ.get("MASTER_ADDR", "")):  # rank 0 hosts it, on loopback only
         port = int(os.environ["MASTER_PORT"])
         store = loopback_store(port, env.rank == 0, timeout, world_size=env.world_size)
+    if store is not None:
         kwargs.update(store=store, rank=env.rank, world_size=env.world_size)
+        global _hosted_store
+        _hosted_store = _HostedStore(store, env.rank, env.world_size)
     dist.init_process_group(**kwargs)
 
 
 _control_group: Any = None
+LEFT_KEY = "dpt/left"  # how many ranks are done with the world's store
+LEAVE_WAIT_S = 10.0  # the store's host waits at most this long for the others to be done with it
 
 
-def destroy_process_group() -> None:
-    global _control_group
+@dataclass(frozen=True)
+class _HostedStore:
+    """The world's store where rank 0's process serves it (dpt's loopback and attempt stores)."""
+
+    store: Any
+    rank: int
+    world_size: int
+
+    def leave(self, wait: bool) -> None:
+        """Say this rank is done with the store; on rank 0, its server, `wait` (LEAVE_WAIT_S at
+        most) until the others are too. A rank still polling a store whose server had gone (one
+        a step behind under load, its roll-call thread) prints torch's C++ `recvValue failed`
+        warnings under the run's own one line."""
+        with contextlib.suppress(Exception):  # the store is gone: nothing to wait for
+            left = self.store.add(LEFT_KEY, 1)
+            deadline = time.monotonic() + LEAVE_WAIT_S
+            while wait and self.rank == 0 and left < self.world_size:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.01)
+                left = self.store.add(LEFT_KEY, 0)
+
+
+_hosted_store: _HostedStore | None = None
+
+
+def destroy_process_group(tell_peers: bool = True, wait_for_peers: bool = True) -> None:
+    """Leave the world, and the store rank 0 serves (`_HostedStore.leave`). A rank that ends
+    with the others (its run done, or a stop they agreed on) waits for them there; one that
+    failed alone does not (the others may be gone); one that ends because another failed does
+    not speak to a store that may have gone with it (`tell_peers` False)."""
+    global _control_group, _hosted_store
     _control_group = None
     if dist.is_initialized():
         dist.destroy_process_group()
+    if _hosted_store is not None and tell_peers:
+        _hosted_store.leave(wait_for_peers)
+    _hosted_store = None
 
 
 def all_gather_floats(values: list[float], env: DistEnv) -> list[list[float]]:
