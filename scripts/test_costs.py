@@ -5,7 +5,7 @@ test's time with its set-up and tear-down, module worlds included).
     python scripts/test_costs.py order PATH              # tests/durations.json, for the next runs
 
 `.ci/run` prints the table after every run. `order` writes the measured seconds per file that
-tests/conftest.py starts the longest first by (the two xdist workers take whole files in
+tests/conftest.py starts the longest first by (the xdist workers take whole files in
 collection order: a long file left for last keeps one worker busy alone); run it after a suite
 run when files were added or changed their cost, and commit the JSON.
 """
@@ -38,7 +38,7 @@ def table(seconds: dict[str, float], top: int) -> str:
     total = sum(seconds.values())
     rows = sorted(seconds.items(), key=lambda row: -row[1])[:top]
     lines = [f"the {len(rows)} slowest test files of {len(seconds)}, "
-             f"{total:.0f} s in all (both workers' time summed):"]  # fmt: skip
+             f"{total:.0f} s in all (the workers' time summed):"]  # fmt: skip
     lines += [f"{s:8.1f} s {100 * s / total:5.1f} %  {name}" for name, s in rows]
     return "\n".join(lines)
 

@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # One CPU thread per process, here and in every process a test starts (torch reads
-# OMP_NUM_THREADS when it starts): the two pytest workers, their ranks and their runs share 2
+# OMP_NUM_THREADS when it starts): the three pytest workers, their ranks and their runs share 2
 # cores, and a thread pool of 2 beside another worker's busy process waits for the thread that
 # lost its core at every op (a ResNet docs line took 25 s so, 12 s on one thread). What dpt does
 # for the ranks of a world on one CPU (dpt/loop/train.py: limit_cpu_threads); the runs in this
@@ -58,9 +58,9 @@ def _dpt_logger_put_back() -> Iterator[None]:
         yield
 
 
-# The files that take longest, started first: the two workers take work units in collection
+# The files that take longest, started first: the workers take work units in collection
 # order (--no-loadscope-reorder), one whole unit at a time, so a long unit left for last keeps one
-# worker busy while the other has nothing left to do. A unit is a file (--dist loadfile), but for
+# worker busy while the others have nothing left to do. A unit is a file (--dist loadfile), but for
 # the files that read the session's sweep and MLflow server (tests/session_runs.py): one unit, so
 # one worker builds them once. The seconds are measured, not kept by hand:
 # `python scripts/test_costs.py order JUNIT` writes them from a suite run's JUnit XML (.ci/run

@@ -15,8 +15,9 @@ from tests.helpers import run_cmd
 PROBE = """
 import atexit, sys, threading, time
 atexit.register(lambda: print("exit handler ran", file=sys.stderr, flush=True))
-def work():  # still running when the command's one line comes, even on a loaded machine
-    time.sleep(3)
+def work():  # still running when the command's one line comes, however slow the machine:
+    while threading.main_thread().is_alive():  # until the main thread is done (its shutdown)
+        time.sleep(0.01)
     print("thread finished", file=sys.stderr, flush=True)
 threading.Thread(target=work).start()
 from concurrent.futures import ThreadPoolExecutor  # its thread stops at threading's shutdown
