@@ -122,15 +122,15 @@ class _HostedStore:
     rank: int
     world_size: int
 
-    def leave(self, wait: bool) -> None:
-        """Say this rank is done with the store; on rank 0, its server, `wait` (LEAVE_WAIT_S at
+    def leave(self) -> None:
+        """Say this rank is done with the store; on rank 0, its server, wait (LEAVE_WAIT_S at
         most) until the others are too. A rank still polling a store whose server had gone (one
         a step behind under load, its roll-call thread) prints torch's C++ `recvValue failed`
         warnings under the run's own one line."""
         with contextlib.suppress(Exception):  # the store is gone: nothing to wait for
             left = self.store.add(LEFT_KEY, 1)
             deadline = time.monotonic() + LEAVE_WAIT_S
-            while wait and self.rank == 0 and left < self.world_size:
+            while self.rank == 0 and left < self.world_size:
                 if time.monotonic() > deadline:
                     return
                 time.sleep(0.01)
@@ -140,17 +140,16 @@ class _HostedStore:
 _hosted_store: _HostedStore | None = None
 
 
-def destroy_process_group(tell_peers: bool = True, wait_for_peers: bool = True) -> None:
-    """Leave the world, and the store rank 0 serves (`_HostedStore.leave`). A rank that ends
-    with the others (its run done, or a stop they agreed on) waits for them there; one that
-    failed alone does not (the others may be gone); one that ends because another failed does
-    not speak to a store that may have gone with it (`tell_peers` False)."""
+def destroy_process_group(together: bool = True) -> None:
+    """Leave the world, and the store rank 0 serves (`_HostedStore.leave`) where this rank ends
+    with the others (`together`: its run done, or a stop they agreed on). A rank that failed,
+    or ended because another did, does not speak to that store: its server may be gone."""
     global _control_group, _hosted_store
     _control_group = None
     if dist.is_initialized():
         dist.destroy_process_group()
-    if _hosted_store is not None and tell_peers:
-        _hosted_store.leave(wait_for_peers)
+    if _hosted_store is not None and together:
+        _hosted_store.leave()
     _hosted_store = None
 
 

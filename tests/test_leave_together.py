@@ -20,33 +20,36 @@ def _world() -> tuple[distributed._HostedStore, distributed._HostedStore]:
     return distributed._HostedStore(host, 0, 2), distributed._HostedStore(client, 1, 2)
 
 
-def _leaving(rank: distributed._HostedStore, wait: bool) -> threading.Thread:
-    thread = threading.Thread(target=rank.leave, args=(wait,), daemon=True)
+def _leaving(rank: distributed._HostedStore) -> threading.Thread:
+    thread = threading.Thread(target=rank.leave, daemon=True)
     thread.start()
     return thread
 
 
 def test_rank_0_serves_the_store_until_the_others_have_left() -> None:
     rank0, rank1 = _world()
-    leaving = _leaving(rank0, wait=True)
+    leaving = _leaving(rank0)
     time.sleep(0.3)  # rank 1 still at work, polling the store as its roll-call thread does
     assert leaving.is_alive()
     assert rank1.store.check(["dpt/rollcall/asked"]) is False  # the server still answers
-    rank1.leave(wait=True)  # a rank other than 0 never waits
+    rank1.leave()  # a rank other than 0 never waits
     leaving.join(timeout=5)
     assert not leaving.is_alive()
 
 
-def test_a_rank_0_that_failed_alone_does_not_wait() -> None:
-    rank0, _ = _world()
-    started = time.monotonic()
-    rank0.leave(wait=False)  # the others may be gone
-    assert time.monotonic() - started < 1
+def test_a_rank_that_failed_leaves_the_store_alone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Where rank 0 failed, or every rank failed alike, rank 1 does not ask a store whose
+    server may be gone."""
+    asked = []
+    monkeypatch.setattr(distributed._HostedStore, "leave", lambda self: asked.append(self))
+    monkeypatch.setattr(distributed, "_hosted_store", _world()[1])
+    distributed.destroy_process_group(together=False)
+    assert asked == [] and distributed._hosted_store is None
 
 
 def test_rank_0_waits_at_most_its_bound(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(distributed, "LEAVE_WAIT_S", 0.2)
     rank0, _ = _world()  # rank 1 never leaves (killed)
     started = time.monotonic()
-    rank0.leave(wait=True)
+    rank0.leave()
     assert 0.2 <= time.monotonic() - started < 2

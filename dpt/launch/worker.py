@@ -45,7 +45,7 @@ def run_worker(
     env = env_from_environment(cfg_dict["trainer"]["device"])
     init_process_group(env, cfg_dict["trainer"]["timeout_s"])
     roll_call = RollCall(env)
-    failed_alone, peer_failed = False, False
+    together = True  # the run ends on every rank at once: done, or a stop they agreed on
     try:
         # Rank 0's config and folder win: ranks that composed their own config under torchrun
         # may differ in `${now:...}` and must all write into one run folder.
@@ -56,8 +56,7 @@ def run_worker(
         with run_lock.holding(folder, rank=env.rank):  # beside the run's starter
             return train(OmegaConf.create(cfg_dict), env, folder, tb, torchrun_job.attempt())
     except Exception as error:
-        peer_failed = is_peer_failure(error)
-        failed_alone = not peer_failed and not isinstance(error, Interrupted)
+        together = isinstance(error, Interrupted)
         reported = _disk_full(error, run_dir)
         if "TORCHELASTIC_ERROR_FILE" not in os.environ:
             failure = _in_one_line(reported, env.rank)
@@ -67,7 +66,7 @@ def run_worker(
         _exit_reporting(reported, cfg_dict["trainer"]["timeout_s"], roll_call)
     finally:
         roll_call.stop_answering()
-        destroy_process_group(tell_peers=not peer_failed, wait_for_peers=not failed_alone)
+        destroy_process_group(together)
 
 
 def _disk_full(error: Exception, run_dir: str) -> Exception:
