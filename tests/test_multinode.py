@@ -2,8 +2,10 @@
 
 Each torchrun is a node with one process; together they must end with the same weights as one
 node running both processes, and write one run folder: rank 0's (as on a shared file system).
-The static rendezvous on loopback; c10d's with each node in its own network namespace and
-address, as on two machines (a c10d pair on loopback as well added nothing to that).
+c10d's rendezvous with each node in its own network namespace and address, as on two machines
+(a c10d pair on loopback as well added nothing to that). The static rendezvous across two
+namespaces is the Kubernetes pods' (tests/test_clusters.py: torchrun's PET_ variables, equal to
+one process; a static pair on loopback added nothing to it).
 """
 
 from __future__ import annotations
@@ -82,27 +84,6 @@ def check_world(node_dirs: list[Path], one_node: Path) -> None:
     assert sorted(p.name for p in (run_dir / "tb").iterdir()) == ["rank0", "rank1", "world"]
     assert "world size 2" in (run_dir / "logs" / "rank1.log").read_text()
     assert max_abs_diff(load_weights(run_dir), load_weights(one_node)) < 1e-5
-
-
-@pytest.mark.timeout(180)
-def test_static_rendezvous_two_nodes_equal_one_node(tmp_path: Path, one_node: Path) -> None:
-    port = free_port()
-    dirs = [tmp_path / f"node{n}" for n in (0, 1)]
-    cmds = [
-        node_cmd(
-            [
-                "--rdzv_backend=static",
-                "--master_addr=127.0.0.1",
-                f"--master_port={port}",
-                f"--node_rank={n}",
-            ],
-            d,
-        )
-        for n, d in enumerate(dirs)
-    ]
-    run_together(cmds, timeout=150)
-    check_world(dirs, one_node)
-    assert dirs[0].exists()  # static: node_rank 0 holds global rank 0
 
 
 @pytest.mark.timeout(240)
