@@ -10,6 +10,8 @@ import threading
 import time
 from datetime import timedelta
 
+import pytest
+
 from dpt import distributed
 from dpt.rendezvous import loopback_store
 
@@ -37,17 +39,17 @@ def test_rank_0_serves_the_store_until_the_others_have_left() -> None:
     assert not leaving.is_alive()
 
 
-def test_a_rank_that_failed_leaves_the_store_alone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_rank_that_failed_leaves_the_store_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where rank 0 failed, or every rank failed alike, rank 1 does not ask a store whose
     server may be gone."""
-    asked = []
+    asked: list[distributed._HostedStore] = []
     monkeypatch.setattr(distributed._HostedStore, "leave", lambda self: asked.append(self))
     monkeypatch.setattr(distributed, "_hosted_store", _world()[1])
     distributed.destroy_process_group(together=False)
     assert asked == [] and distributed._hosted_store is None
 
 
-def test_rank_0_waits_at_most_its_bound(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_rank_0_waits_at_most_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(distributed, "LEAVE_WAIT_S", 0.2)
     rank0, _ = _world()  # rank 1 never leaves (killed)
     started = time.monotonic()
