@@ -92,6 +92,7 @@ def init_process_group(env: DistEnv, timeout_s: float) -> None:
 
 
 def _join(env: DistEnv, timeout_s: float) -> None:
+    global _hosted_store
     timeout = timedelta(seconds=timeout_s)
     kwargs: dict[str, Any] = {"backend": env.backend, "timeout": timeout}
     if env.device.type == "cuda":
@@ -104,7 +105,6 @@ def _join(env: DistEnv, timeout_s: float) -> None:
         store = loopback_store(port, env.rank == 0, timeout, world_size=env.world_size)
     if store is not None:
         kwargs.update(store=store, rank=env.rank, world_size=env.world_size)
-        global _hosted_store
         _hosted_store = _HostedStore(store, env.rank, env.world_size)
     dist.init_process_group(**kwargs)
 
@@ -127,6 +127,7 @@ class _HostedStore:
         most) until the others are too. A rank still polling a store whose server had gone (one
         a step behind under load, its roll-call thread) prints torch's C++ `recvValue failed`
         warnings under the run's own one line."""
+        # Polled, not torch's blocking `store.wait`: its timeout prints two C++ warnings.
         with contextlib.suppress(Exception):  # the store is gone: nothing to wait for
             left = self.store.add(LEFT_KEY, 1)
             deadline = time.monotonic() + LEAVE_WAIT_S
