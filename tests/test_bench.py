@@ -243,6 +243,23 @@ def _baseline(ratios: tuple[Stat, ...]) -> dict[str, Any]:
     }}  # fmt: skip
 
 
+def test_the_baselines_loss_gap_says_whether_the_arithmetic_is_the_same(tmp_path: Path) -> None:
+    """A gap of float-order noise is the check that both train the same; a larger one (a kernel
+    changed between them, as Adam's fused kernel did) is said to check nothing."""
+    from benchmarks.report import document
+
+    ratios = (Stat(1.0, 0.98, 1.02, 3),)
+    for gap, says in (
+        (4e-9, "(at most 4.0e-09) is the sharper check: the training arithmetic is the same."),
+        (0.26, "(up to 2.6e-01) says the two do not train the same arithmetic"),
+    ):
+        measured = _baseline(ratios)
+        measured["baseline"]["rows"][0]["loss_gap"] = gap
+        text = document.write_marked(tmp_path, measured).read_text()
+        assert f"The loss gap {says}" in text, text
+        assert text.count("The loss gap") == 1
+
+
 def test_baseline_alone_replaces_only_its_part(tmp_path: Path) -> None:
     from benchmarks.report import baseline, document
 
