@@ -23,7 +23,7 @@ from dpt.launch import allocator
 WITHIN_MEDIAN = 0.97
 # A loss gap at most this is float-order noise: the two train the same arithmetic. Above it a
 # change between them moved the arithmetic (a kernel, an order of summation): Adam, this
-# section's optimizer, makes such a change grow over the steps (0.26 after ResNet-18's 200 steps,
+# section's optimizer, makes such a change grow over the steps (0.26 after 100 steps of ResNet-18,
 # its fused kernel against the per-tensor loop).
 SAME_ARITHMETIC = 1e-6
 
