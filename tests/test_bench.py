@@ -250,8 +250,8 @@ def test_the_baselines_loss_gap_says_whether_the_arithmetic_is_the_same(tmp_path
 
     ratios = (Stat(1.0, 0.98, 1.02, 3),)
     for gap, says in (
-        (4e-9, "(at most 4.0e-09) is the sharper check: the training arithmetic is the same."),
-        (0.26, "(up to 2.6e-01) says the two do not train the same arithmetic"),
+        (4e-9, "(at most 4.0e-09) is the sharper check: the two train the same numbers"),
+        (0.26, "(up to 2.6e-01) says the two do not train the same numbers: a change"),
     ):
         measured = _baseline(ratios)
         measured["baseline"]["rows"][0]["loss_gap"] = gap
