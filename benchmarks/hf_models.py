@@ -29,12 +29,14 @@ section of docs/performance.md sits between two markers (benchmarks/report/hf_mo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,20 @@ class Data:
     dtype: str
 
 
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """transformers' progress bars off for the block, as they were after it."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def write_folder(folder: Path, shape: Shape, tokenizer: Any) -> dict[str, Any]:
     """A Llama of `shape` (grouped-query attention: 4 heads, 2 of keys and values) saved with
     transformers' `save_pretrained`, with `tokenizer`; its size, full and with LoRA."""
@@ -106,7 +122,8 @@ def write_folder(folder: Path, shape: Shape, tokenizer: Any) -> dict[str, Any]:
                          max_position_embeddings=shape.block_size,
                          tie_word_embeddings=False)  # fmt: skip
     model = LlamaForCausalLM(config)
-    model.save_pretrained(folder)
+    with _no_progress_bar():  # one small shard: a bar says nothing (and leaves tqdm's thread)
+        model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     parameters = sum(p.numel() for p in model.parameters())
     lora = LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, target_modules=list(LORA_TARGETS))
