@@ -29,14 +29,12 @@ section of docs/performance.md sits between two markers (benchmarks/report/hf_mo
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import itertools
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,27 +92,17 @@ class Data:
     dtype: str
 
 
-@contextlib.contextmanager
-def _no_progress_bar() -> Iterator[None]:
-    """transformers' progress bars off for the block, as they were after it."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
-
-
 def write_folder(folder: Path, shape: Shape, tokenizer: Any) -> dict[str, Any]:
     """A Llama of `shape` (grouped-query attention: 4 heads, 2 of keys and values) saved with
     transformers' `save_pretrained`, with `tokenizer`; its size, full and with LoRA."""
     import torch
+    import transformers
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    # As dpt's own loads (dpt.models.hf): one small shard's bar is noise, and the first bar
+    # would start tqdm's monitor thread in the process that writes the folder.
+    transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB_ROWS, hidden_size=shape.hidden,
                          intermediate_size=shape.intermediate, num_hidden_layers=shape.layers,
@@ -122,8 +110,7 @@ def write_folder(folder: Path, shape: Shape, tokenizer: Any) -> dict[str, Any]:
                          max_position_embeddings=shape.block_size,
                          tie_word_embeddings=False)  # fmt: skip
     model = LlamaForCausalLM(config)
-    with _no_progress_bar():  # one small shard: a bar says nothing (and leaves tqdm's thread)
-        model.save_pretrained(folder)
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     parameters = sum(p.numel() for p in model.parameters())
     lora = LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, target_modules=list(LORA_TARGETS))
