@@ -71,11 +71,15 @@ def class_names(data: DataModule) -> list[str]:
 
 def output_names(data: DataModule, outputs: int, classification: bool) -> list[str]:
     """The names of the model's outputs: the data set's `classes` (of the classes, or of the
-    target columns, labels or values), or their numbers where it gives none."""
+    target columns, labels or values), or their numbers where it gives none. Two classes for
+    one output (task=binary): the output is the probability of the second (label 1), named
+    after it."""
     names = getattr(data, "classes", None)
     if names is None:
         return [str(i) for i in range(outputs)]
     names = [str(name) for name in names]
+    if not classification and outputs == 1 and len(names) == 2:
+        return names[1:]
     if len(names) != outputs:
         what = f"class names for num_classes={outputs}" if classification else (
             f"names for its {outputs} outputs per sample")  # fmt: skip

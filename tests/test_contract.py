@@ -17,7 +17,7 @@ from torch import nn
 
 from dpt import user_code
 from dpt.config.build import build
-from dpt.contract import class_names, model_kwargs
+from dpt.contract import class_names, model_kwargs, output_names
 from dpt.distributed import DistEnv
 from dpt.errors import ConfigError, DptError, one_line
 from dpt.loop.parts import RunConfig, planned_steps, run_length
@@ -215,3 +215,17 @@ def test_class_names_default_to_the_labels_and_must_match_the_count() -> None:
     data.classes = ["a", "b"]  # type: ignore[attr-defined]
     with pytest.raises(DptError, match="lists 2 class names for num_classes=3"):
         class_names(data)  # type: ignore[arg-type]
+
+
+def test_binarys_one_output_is_named_after_the_second_of_two_classes() -> None:
+    """task=binary on a data set of two classes (an image folder's, records' words): its one
+    output is the probability of label 1; dpt-predict's column is named after that class."""
+
+    class Data:
+        num_classes = 2
+        classes = ["cat", "dog"]
+
+    assert output_names(Data(), 1, classification=False) == ["dog"]  # type: ignore[arg-type]
+    assert class_names(Data()) == ["cat", "dog"]  # type: ignore[arg-type]
+    with pytest.raises(DptError, match="lists 2 names for its 3 outputs per sample"):
+        output_names(Data(), 3, classification=False)  # type: ignore[arg-type]

@@ -57,6 +57,61 @@ def test_a_bert_folder_learns_two_classes_of_a_csv_and_evaluates_per_class(
     assert report["metrics"]["test/acc1"] > 0.9 and "good" in printed
 
 
+def _as_task(task: str, row: dict[str, str]) -> object:
+    """A review's label for `task`: its class, a list of labels (the class, and `liked` for a
+    good one), or a value (+1 good, -1 bad)."""
+    if task == "multilabel":
+        return [row["label"], *(["liked"] if row["label"] == "good" else [])]
+    if task == "regression":
+        return 1.0 if row["label"] == "good" else -1.0
+    return row["label"]
+
+
+# Each other task's file of the same reviews, and what its validation reaches.
+OTHER_TASKS = {"binary": ("csv", "val/acc"), "multilabel": ("jsonl", "val/f1"),
+               "regression": ("csv", "val/r2")}  # fmt: skip
+
+
+@pytest.mark.slow  # a training run each
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("task", sorted(OTHER_TASKS))
+def test_one_file_of_records_trains_binary_multilabel_and_regression(
+    made: dict[str, Path], task: str
+) -> None:
+    """A file alone (its last tenth validates), its labels as the task takes them: the model
+    learns the reviews in each task's terms."""
+    import pandas as pd
+
+    suffix, metric = OTHER_TASKS[task]
+    rows = [{"text": r["text"], "label": _as_task(task, r)} for r in reviews(320, seed=0)]
+    path = made["out"] / f"{task}.{suffix}"
+    if suffix == "csv":
+        write_csv(path, rows)
+    else:
+        pd.DataFrame(rows).to_json(path, orient="records", lines=True)
+    run = made["out"] / f"run-{task}"
+    result = train_in_process(
+        "model=hf", f"model.path={made['bert']}", f"task={task}", "dataset=records",
+        f"dataset.root={path}", f"dataset.max_length={LENGTH}", "optimizer=adamw",
+        "optimizer.lr=0.003", "trainer.batch_size=16", "trainer.epochs=6",
+        "checkpoint.enabled=false", f"hydra.run.dir={run}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((run / "metrics.json").read_text())
+    assert summary["val"][metric] > 0.9, summary["val"]
+    named = {"binary": ["good"], "multilabel": ["bad", "good", "liked"], "regression": ["label"]}
+    assert json.loads((run / "data.json").read_text())["classes"] == named[task]
+    # The folder's head of 2 classes starts fresh at the task's outputs: said in one line
+    # (transformers' load report, a table, is not shown)
+    outputs = len(named[task])
+    assert (
+        f"model.path={made['bert']}: 2 tensors start fresh, of another shape in the folder "
+        f"than the task's model: classifier.bias [2] -> [{outputs}], "
+        f"classifier.weight [2, 32] -> [{outputs}, 32]\n"
+    ) in result.stdout
+    assert "LOAD REPORT" not in result.stdout + result.stderr
+
+
 def _records(root: Path, **extra: object) -> RecordsData:
     settings = {"text": "text", "label": "label", "tokenizer": None, "max_length": 8,
                 "val_fraction": 0.0, "num_workers": 0, "seed": 0} | extra  # fmt: skip

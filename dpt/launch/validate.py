@@ -19,6 +19,7 @@ from dpt.config.datasets import (
     ChatConfig,
     CustomDatasetConfig,
     ImageFolderConfig,
+    RecordsConfig,
     ShardsConfig,
     TextConfig,
     declared_targets,
@@ -399,7 +400,7 @@ def _validate_outage(dataset: DictConfig, trainer: DictConfig, strategy: DictCon
 def _validate_dataset_paths(dataset: DictConfig) -> None:
     if OmegaConf.get_type(dataset) is ShardsConfig:
         _validate_shards_root(dataset.root)
-    elif OmegaConf.get_type(dataset) in (TextConfig, ChatConfig):  # a file, or a folder
+    elif OmegaConf.get_type(dataset) in (TextConfig, ChatConfig, RecordsConfig):  # file or folder
         _check(Path(dataset.root).exists(), "dataset.root", dataset.root, "no such file or folder")
         tokenizer = dataset.tokenizer
         found = tokenizer in (None, BYTES) or tokenizer_file(tokenizer).is_file()

@@ -16,6 +16,7 @@ transformers is imported only here, by runs of `model=hf`.
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,10 @@ from torch import nn
 from dpt.config.models import HF_CONFIG, check_model_folder
 from dpt.config.tasks import CUSTOM, LANGUAGE_MODEL, TASKS
 from dpt.errors import DptError, torch_load_reason
+from dpt.loggers import ONCE_LOGGER_NAME
 from dpt.models import packed
+
+once = logging.getLogger(ONCE_LOGGER_NAME)  # what every rank says alike: rank 0 says it
 
 REMOTE_CODE_KEY = "auto_map"  # a config.json key naming the folder's own Python classes
 # transformers' refusal of SDPA for a model whose attention it cannot express (soft-capping)
@@ -144,8 +148,7 @@ def _built(cls: Any, hf_config: Any, path: str | None, options: dict[str, Any]) 
     try:
         if path is None or _on_meta():  # the pre-run check's shapes: no weights read
             return cls.from_config(hf_config, **options)
-        return cls.from_pretrained(path, config=hf_config, dtype=torch.float32,
-                                   ignore_mismatched_sizes=True, **options)  # fmt: skip
+        return _loaded(cls, path, hf_config, options)
     except pickle.UnpicklingError as error:  # a pickled weights file holding code, or damaged
         raise DptError(
             f"model.path={path}: its pickled weights file cannot be read as tensors alone "
@@ -159,6 +162,59 @@ def _built(cls: Any, hf_config: Any, path: str | None, options: dict[str, Any]) 
             f"model=hf: transformers has no {auto} for model_type={hf_config.model_type} "
             "(the task needs it)"
         ) from error
+
+
+def _loaded(cls: Any, path: str, hf_config: Any, options: dict[str, Any]) -> nn.Module:
+    """The folder's model; what did not load as it is (a head of another size, tensors the
+    folder lacks or the model does not hold) said in dpt's lines, in place of transformers' load
+    report (a table, from every rank)."""
+    from transformers.modeling_utils import logger
+
+    quiet = _NoLoadReport()
+    logger.addFilter(quiet)
+    try:
+        model, info = cls.from_pretrained(path, config=hf_config, dtype=torch.float32,
+                                          ignore_mismatched_sizes=True, output_loading_info=True,
+                                          **options)  # fmt: skip
+    finally:
+        logger.removeFilter(quiet)
+    for line in loading_lines(path, info):
+        once.warning(line)
+    return model
+
+
+class _NoLoadReport(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
+
+
+def loading_lines(path: str, info: dict[str, Any]) -> list[str]:
+    """What `from_pretrained` reported (its `output_loading_info`), a line each: the tensors
+    that start fresh (of another shape in the folder, or not in it) and those left out."""
+    lines = []
+    reshaped = [f"{name} {list(stored)} -> {list(own)}" for name, stored, own in
+                sorted(info.get("mismatched_keys", ()))]  # fmt: skip
+    if reshaped:
+        lines.append(f"model.path={path}: {_count(reshaped)} start fresh, of another shape in "
+                     f"the folder than the task's model: {_listed(reshaped)}")  # fmt: skip
+    missing = sorted(info.get("missing_keys", ()))
+    if missing:
+        lines.append(f"model.path={path}: {_count(missing)} start fresh, not in the folder: "
+                     f"{_listed(missing)}")  # fmt: skip
+    unused = sorted(info.get("unexpected_keys", ()))
+    if unused:
+        lines.append(f"model.path={path}: {_count(unused)} of the folder not in the model, "
+                     f"left out: {_listed(unused)}")  # fmt: skip
+    return lines
+
+
+def _count(names: list[str]) -> str:
+    return "1 tensor" if len(names) == 1 else f"{len(names)} tensors"
+
+
+def _listed(names: list[str], shown: int = 4) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown
+                                       else "")  # fmt: skip
 
 
 def _on_meta() -> bool:
