@@ -110,6 +110,47 @@ def test_one_file_of_records_trains_binary_multilabel_and_regression(
         f"classifier.weight [2, 32] -> [{outputs}, 32]\n"
     ) in result.stdout
     assert "LOAD REPORT" not in result.stdout + result.stderr
+    _predicts_new_reviews(run, task, made["out"])
+
+
+def _predicts_new_reviews(run: Path, task: str, out: Path) -> None:
+    """dpt-predict on texts the run never saw (a .txt file, a text a line; a CSV's text column
+    alike): each review's prediction in the task's terms is its class."""
+    import pandas as pd
+
+    from dpt.commands import predict
+
+    fresh = reviews(8, seed=3)
+    lines, table = out / f"{task}-new.txt", out / f"{task}-new.csv"
+    lines.write_text("".join(f"{row['text']}\n" for row in fresh))
+    write_csv(table, fresh)
+    said = {}
+    for source in (lines, table):
+        written = out / f"{task}-{source.suffix[1:]}-predicted.csv"
+        # the last epoch's model: on this toy set, multilabel's watched val/map is 1.0 from the
+        # first epoch on, whose weights model_best.pt keeps (a tie is no better)
+        predict.main([str(run), str(source), "--csv", str(written), "--last"])
+        said[source] = pd.read_csv(written)
+        assert list(said[source]["path"]) == [f"{source}:{i}" for i in range(len(fresh))]
+    column = {"binary": "good", "regression": "label", "multilabel": "probabilities"}[task]
+    assert list(said[lines][column]) == list(said[table][column])  # the same ids: the same
+    if task == "binary":  # what it cannot read as texts: one line each
+        image, other = out / "photo.png", write_csv(out / "other.csv", [{"review": "a", "n": 1}])
+        image.write_bytes(b"")
+        for path, line in (
+            (image, f"{image}: the run's model takes texts: .txt, .jsonl, .json, .parquet, .csv "
+                    "files (a text a line, or a table file's text column)"),
+            (other, f"{other}: row 1: no column 'text' (the run's dataset.text; the row has "
+                    "review, n)"),
+        ):  # fmt: skip
+            with pytest.raises(DptError) as error:
+                predict.run(predict.parse_args([str(run), str(path)]))
+            assert str(error.value) == line
+    good = [row["label"] == "good" for row in fresh]
+    if task == "multilabel":
+        assert ["liked" in str(labels).split(";") for labels in said[lines]["labels"]] == good
+    else:
+        assert list(said[lines][column] > (0.5 if task == "binary" else 0.0)) == good
 
 
 def _records(root: Path, **extra: object) -> RecordsData:

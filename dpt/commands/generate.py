@@ -99,16 +99,6 @@ def language_model_run(run_dir: Path) -> RunData:
     return data
 
 
-def run_tokenizer(run_dir: Path, data: RunData) -> Tokenizer:
-    """The tokenizer the run trained with: bytes, or its copy of the tokenizers file."""
-    from dpt.data.tokenizer import BYTES, ByteTokenizer, FileTokenizer
-
-    described = data.tokenizer or {}
-    if described.get("kind", BYTES) == BYTES:
-        return ByteTokenizer()
-    return FileTokenizer(run_dir / described["file"], "{}")  # the run's own copy, by its path
-
-
 def sample(
     predictor: Predictor,
     ids: list[int],
@@ -179,7 +169,7 @@ def complete(
 
 
 def run(args: argparse.Namespace) -> None:
-    from dpt.commands.run_model import Predictor
+    from dpt.commands.run_model import Predictor, run_tokenizer
 
     _check(args)
     run_dir = Path(args.run_dir)

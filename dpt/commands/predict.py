@@ -1,4 +1,5 @@
-"""The `dpt-predict` command: a finished run's model on image files, or on tensor files of inputs.
+"""The `dpt-predict` command: a finished run's model on image files, texts, or tensor files of
+inputs.
 
 `dpt-predict RUN_DIR PATH... [--csv OUT] [--top-k K] [--last]` rebuilds the model and the run's
 task from the run folder (`.hydra/config.yaml`, `data.json`: see dpt/state/results.py), loads
@@ -14,7 +15,11 @@ Inputs:
   vector; a first line that is not numbers is a header, skipped). A row is named `FILE:ROW` (ROW
   from 0). Float inputs are cast to the model's float type. A run whose data set gave no
   `val_transform` (`dataset=custom`) takes only these (its folders are searched for them); any
-  run takes them where their shape is the model's input's.
+  run takes them where their shape is the model's input's;
+- a run of texts (`dataset=records`: its inputs its tokenizer's ids) takes texts: `.txt` files
+  (a text a line, empty lines skipped) and table files (`.csv`, `.jsonl`, `.json`, `.parquet`:
+  the run's `dataset.text` column), each text tokenized, cut and padded as training read it
+  (the run's copy of its tokenizer). A text is named `FILE:ROW` (ROW from 0).
 
 What each task prints (one line per input, the path first) and writes with `--csv OUT`; the
 output names are `data.json`'s `classes` ("0", "1", ... where the data set named none):
@@ -53,7 +58,13 @@ from typing import TYPE_CHECKING
 
 from dpt import user_code
 from dpt.commands.command import run_command
-from dpt.commands.predict_inputs import input_files, is_tensor_file, read_inputs
+from dpt.commands.predict_inputs import (
+    TEXT_SUFFIXES,
+    input_files,
+    is_tensor_file,
+    read_inputs,
+    read_texts,
+)
 from dpt.commands.predict_rows import (
     Prediction,
     Tally,
@@ -63,10 +74,16 @@ from dpt.commands.predict_rows import (
     layout,
     summary,
 )
-from dpt.commands.run_model import Predictor, no_transform_message, run_folder
-from dpt.config.tasks import CLASSIFICATION
+from dpt.commands.run_model import (
+    Predictor,
+    no_transform_message,
+    run_config,
+    run_folder,
+    run_tokenizer,
+)
+from dpt.config.tasks import CLASSIFICATION, LANGUAGE_MODEL
 from dpt.errors import DptError
-from dpt.state.results import read_run_data
+from dpt.state.results import RunData, read_run_data
 
 if TYPE_CHECKING:
     import torch
@@ -163,7 +180,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="dpt-predict",
         description=(
             "Predict with a finished run's model, as its task says (classes, yes/no columns, "
-            "labels, values): on images, or on tensor files of the model's inputs."
+            "labels, values): on images, texts (a run of dataset=records), or tensor files of "
+            "the model's inputs."
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -175,7 +193,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         nargs="+",
         help="image files, or folders searched recursively; or .pt, .npy, .csv files of the "
         "model's inputs (N, *input_shape), one prediction per row (FILE:ROW); a run whose data "
-        "set gave no val_transform takes only these (and searches folders for them)",
+        "set gave no val_transform takes only these (and searches folders for them); a run of "
+        "texts takes .txt files (a text a line) and .csv, .jsonl, .json, .parquet files (its "
+        "dataset.text column)",
     )
     parser.add_argument(
         "--csv",
@@ -202,10 +222,11 @@ def run(args: argparse.Namespace) -> None:
         raise DptError(f"--top-k {args.top_k}: must be 1 or more")
     run_dir = run_folder(Path(args.run_dir))  # the cheap checks first: the model takes seconds
     data = read_run_data(run_dir)
-    files = input_files(args.paths, images=data.val_transform is not None)
-    if data.val_transform is None and not all(is_tensor_file(f) for f in files):
-        raise DptError(no_transform_message(run_dir))
-    tensors = {f: read_inputs(f, data.input_shape) for f in files if is_tensor_file(f)}
+    if _takes_texts(data):
+        tensors = _texts(args.paths, run_dir, data)
+        files = list(tensors)
+    else:
+        files, tensors = _inputs(args.paths, run_dir, data)
     predictor = Predictor.from_run(run_dir, last=args.last)
     if predictor.notice:
         print(f"Note: {predictor.notice}", file=sys.stderr)
@@ -236,6 +257,31 @@ def run(args: argparse.Namespace) -> None:
         )
     if not tally.predicted:
         raise DptError(f"no input to predict: {', '.join(str(f) for f in files)} hold no rows")
+
+
+def _takes_texts(data: RunData) -> bool:
+    """A run whose inputs are its tokenizer's ids of texts (dataset=records), not a language
+    model's (dpt-generate's)."""
+    return data.tokenizer is not None and data.task != LANGUAGE_MODEL
+
+
+def _texts(paths: Sequence[str], run_dir: Path, data: RunData) -> dict[Path, torch.Tensor]:
+    """The texts of each file (and of the text files under each folder) as the run's ids."""
+    files = input_files(paths, images=False, suffixes=TEXT_SUFFIXES)
+    column = run_config(run_dir).dataset.get("text", "text")
+    tokenizer = run_tokenizer(run_dir, data)
+    return {f: read_texts(f, tokenizer, column, data.input_shape[0]) for f in files}
+
+
+def _inputs(
+    paths: Sequence[str], run_dir: Path, data: RunData
+) -> tuple[list[Path], dict[Path, torch.Tensor]]:
+    """The files to predict, and the tensor files' inputs among them (images are read as they
+    are predicted)."""
+    files = input_files(paths, images=data.val_transform is not None)
+    if data.val_transform is None and not all(is_tensor_file(f) for f in files):
+        raise DptError(no_transform_message(run_dir))
+    return files, {f: read_inputs(f, data.input_shape) for f in files if is_tensor_file(f)}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,8 +1,10 @@
 """Which files `dpt-predict` reads, and the model's inputs that tensor files hold.
 
 Image files, and folders searched recursively for them (as dataset=image_folder reads them);
-tensor files (`.pt`, `.npy`, `.csv`) hold the model's inputs themselves, one sample per row.
-The module docstring of dpt/commands/predict.py says what each holds and how a row is named.
+tensor files (`.pt`, `.npy`, `.csv`) hold the model's inputs themselves, one sample per row; a
+run of texts (dataset=records) reads text files (`.txt`, a text a line; a table file's text
+column), tokenized as it trained. The module docstring of dpt/commands/predict.py says what each
+holds and how a row is named.
 
 torch and numpy are imported inside the readers: `dpt-predict --help` answers before either
 loads.
@@ -16,13 +18,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpt.data.folder_layout import images_under
+from dpt.data.row_files import BUILDERS
 from dpt.errors import DptError, first_line, torch_load_reason
 
 if TYPE_CHECKING:
     import torch
 
+    from dpt.data.tokenizer import Tokenizer
+
 # Files that hold the model's inputs themselves, one sample per row (not images to transform).
 TENSOR_SUFFIXES = (".pt", ".npy", ".csv")
+# Files of texts, for a run whose inputs are a tokenizer's ids: a text a line, or table files.
+TEXT_SUFFIXES = (".txt", *BUILDERS)
 
 
 def is_tensor_file(path: Path) -> bool:
@@ -30,14 +37,18 @@ def is_tensor_file(path: Path) -> bool:
     return path.suffix.lower() in TENSOR_SUFFIXES
 
 
-def input_files(paths: Sequence[str], images: bool = True) -> list[Path]:
+def input_files(
+    paths: Sequence[str], images: bool = True, suffixes: Sequence[str] = TENSOR_SUFFIXES
+) -> list[Path]:
     """Files named as given, and under folders (recursively, sorted) the image files (`images`)
-    or the tensor files (a run without val transform), once each."""
+    or the files of `suffixes` (a run without val transform: tensor files, or texts), once
+    each."""
     found: dict[Path, None] = {}  # ordered, without repeats
     for name in paths:
         path = Path(name)
         if path.is_dir():
-            found.update(dict.fromkeys(_images_under(path) if images else _tensors_under(path)))
+            under = _images_under(path) if images else _files_under(path, suffixes)
+            found.update(dict.fromkeys(under))
         elif path.exists():
             found[path] = None  # named by the user: read it whatever its suffix
         else:
@@ -48,10 +59,11 @@ def input_files(paths: Sequence[str], images: bool = True) -> list[Path]:
             "as dataset=image_folder reads them: .jpg, .png, .webp, ...)"
         )
     if not found:
-        raise DptError(
-            f"no input file found under {', '.join(paths)} (the run's data set gave no "
-            f"val_transform: {', '.join(TENSOR_SUFFIXES)} files of the model's inputs)"
-        )
+        why = "the run takes texts" if suffixes == TEXT_SUFFIXES else \
+            "the run's data set gave no val_transform"  # fmt: skip
+        what = "texts" if suffixes == TEXT_SUFFIXES else "the model's inputs"
+        raise DptError(f"no input file found under {', '.join(paths)} ({why}: "
+                       f"{', '.join(suffixes)} files of {what})")  # fmt: skip
     return list(found)
 
 
@@ -63,11 +75,40 @@ def _images_under(folder: Path) -> list[Path]:
         raise DptError(f"cannot read {error.filename}: {error.strerror or error}") from error
 
 
-def _tensors_under(folder: Path) -> list[Path]:
+def _files_under(folder: Path, suffixes: Sequence[str]) -> list[Path]:
     try:
-        return sorted(p for p in folder.rglob("*") if p.is_file() and is_tensor_file(p))
+        return sorted(p for p in folder.rglob("*")
+                      if p.is_file() and p.suffix.lower() in suffixes)  # fmt: skip
     except OSError as error:
         raise DptError(f"cannot read {error.filename}: {error.strerror or error}") from error
+
+
+# --- texts ----------------------------------------------------------------------------------------
+
+
+def read_texts(path: Path, tokenizer: Tokenizer, column: str, length: int) -> torch.Tensor:
+    """A file's texts as the run's model takes them, `(N, length)` token ids (cut and padded
+    as training did): a `.txt` file's lines (an empty one skipped), or a table file's `column`
+    (the run's dataset.text)."""
+    from dpt.data.records import token_ids
+    from dpt.data.row_files import rows_of
+
+    suffix = path.suffix.lower()
+    if suffix not in TEXT_SUFFIXES:
+        raise DptError(f"{path}: the run's model takes texts: {', '.join(TEXT_SUFFIXES)} files "
+                       "(a text a line, or a table file's text column)")  # fmt: skip
+    if suffix == ".txt":
+        try:
+            texts = [line for line in path.read_text().splitlines() if line.strip()]
+        except (OSError, UnicodeDecodeError) as error:
+            raise DptError(f"{path} is unreadable: {first_line(error)}") from error
+        return token_ids(tokenizer, texts, length)
+    rows = rows_of(path, named=str(path))
+    for where, row in rows:
+        if column not in row:
+            raise DptError(f"{where}: no column {column!r} (the run's dataset.text; the row has "
+                           f"{', '.join(map(str, row))})")  # fmt: skip
+    return token_ids(tokenizer, [row[column] for _, row in rows], length)
 
 
 # --- tensor files ---------------------------------------------------------------------------------

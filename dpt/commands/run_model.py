@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from dpt.data.tokenizer import Tokenizer
     from dpt.tasks.task import Task
 
 CONFIG_FILE = Path(".hydra") / "config.yaml"
@@ -377,3 +378,13 @@ def pick_device(name: str | None = None) -> torch.device:
     from dpt.distributed import available_accelerator
 
     return torch.device(name or available_accelerator())
+
+
+def run_tokenizer(run_dir: Path, data: RunData) -> Tokenizer:
+    """The tokenizer the run trained with: bytes, or its copy of the tokenizers file."""
+    from dpt.data.tokenizer import BYTES, ByteTokenizer, FileTokenizer
+
+    described = data.tokenizer or {}
+    if described.get("kind", BYTES) == BYTES:
+        return ByteTokenizer()
+    return FileTokenizer(run_dir / described["file"], "{}")  # the run's own copy, by its path

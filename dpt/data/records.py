@@ -141,6 +141,16 @@ def _label_order(name: str) -> tuple[bool, float, str]:
         return True, 0.0, name
 
 
+def token_ids(tokenizer: Tokenizer, texts: list[Any], max_length: int) -> torch.Tensor:
+    """Each text as `max_length` token ids (cut, then padded with the tokenizer's pad id), as
+    training reads it (dpt-predict too)."""
+    ids = torch.full((len(texts), max_length), tokenizer.pad_id(), dtype=torch.long)
+    for i, text in enumerate(texts):
+        tokens = tokenizer.encode(str(text))[:max_length]
+        ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    return ids
+
+
 class Records(Dataset):
     """Each row's text as `max_length` token ids (cut, then padded), and its target."""
 
@@ -154,12 +164,9 @@ class Records(Dataset):
     ) -> None:
         """`columns`: the texts' and the labels'."""
         text, label = columns
-        self.ids = torch.full((len(rows), max_length), tokenizer.pad_id(), dtype=torch.long)
-        self.targets: list[Any] = []
-        for i, (where, row) in enumerate(rows):
-            tokens = tokenizer.encode(str(_value(where, row, text)))[:max_length]
-            self.ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            self.targets.append(labels.target(where, _value(where, row, label)))
+        self.ids = token_ids(tokenizer, [_value(where, row, text) for where, row in rows],
+                             max_length)  # fmt: skip
+        self.targets = [labels.target(where, _value(where, row, label)) for where, row in rows]
 
     def __len__(self) -> int:
         return len(self.ids)

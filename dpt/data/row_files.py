@@ -36,12 +36,14 @@ def split_file(root: Path, split: str, required: bool = True) -> Path | None:
     return found[0] if found else None
 
 
-def rows_of(path: Path) -> Rows:
+def rows_of(path: Path, named: str | None = None) -> Rows:
     """The file's rows, read by `datasets` (in memory, its cache in a folder of this process's
-    own: ranks reading at once share nothing), each with where it is for errors."""
+    own: ranks reading at once share nothing), each with where it is for errors (`named`: how
+    they name the file; `dataset.root=PATH` by default)."""
+    named = named or f"dataset.root={path}"
     builder = BUILDERS.get(path.suffix)
     if builder is None or not path.is_file():
-        raise DptError(f"dataset.root={path}: not a file of {', '.join(BUILDERS)}")
+        raise DptError(f"{named}: not a file of {', '.join(BUILDERS)}")
     import datasets
     from tqdm import std
 
@@ -54,11 +56,11 @@ def rows_of(path: Path) -> Rows:
             table = datasets.load_dataset(builder, data_files=str(path), split="train",
                                           cache_dir=cache, keep_in_memory=True)  # fmt: skip
         except Exception as error:  # the library's own: a bad line, a column of mixed types
-            raise DptError(f"dataset.root={path}: cannot read it ({str(error).strip()})") from error
+            raise DptError(f"{named}: cannot read it ({str(error).strip()})") from error
         finally:
             std.tqdm.monitor_interval = interval
         rows = table.to_list()
-    return [(f"dataset.root={path}: row {i}", row) for i, row in enumerate(rows, start=1)]
+    return [(f"{named}: row {i}", row) for i, row in enumerate(rows, start=1)]
 
 
 def test_rows(root: Path) -> Rows | None:
