@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,6 +152,28 @@ def _predicts_new_reviews(run: Path, task: str, out: Path) -> None:
         assert ["liked" in str(labels).split(";") for labels in said[lines]["labels"]] == good
     else:
         assert list(said[lines][column] > (0.5 if task == "binary" else 0.0)) == good
+    _transformers_pipeline_says_the_same(run, task, out, [row["text"] for row in fresh],
+                                         said[lines])  # fmt: skip
+
+
+def _transformers_pipeline_says_the_same(
+    run: Path, task: str, out: Path, texts: list[str], said: Any
+) -> None:
+    """The exported folder in transformers' own text-classification pipeline: its outputs
+    named as the run names them, the scores dpt-predict gave (its problem type applies the
+    task's sigmoid, or none)."""
+    from dpt.commands import export
+
+    export.main([str(run), "--to", "hf", str(out / f"{task}-hf"), "--last"])
+    classify = transformers.pipeline("text-classification", model=str(out / f"{task}-hf"),
+                                     top_k=None)  # fmt: skip
+    scores = [{d["label"]: d["score"] for d in answer} for answer in classify(texts)]
+    if task == "multilabel":
+        above = [";".join(sorted(n for n, v in row.items() if v > 0.5)) for row in scores]
+        assert above == [";".join(sorted(str(s).split(";"))) for s in said["labels"]]
+    else:
+        name = "good" if task == "binary" else "label"
+        assert max(abs(row[name] - v) for row, v in zip(scores, said[name], strict=True)) < 1e-5
 
 
 def _records(root: Path, **extra: object) -> RecordsData:

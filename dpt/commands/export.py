@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from dpt.commands.run_model import RunLora
+    from dpt.state.results import RunData
 
 TO_HF, TO_SAFETENSORS, TO_PEFT = "hf", "safetensors", "peft"  # --to
 WEIGHTS_FILE = "model.safetensors"  # --to safetensors: the file in OUT
@@ -91,7 +92,8 @@ def run(args: argparse.Namespace) -> None:
     else:
         if lora is not None:  # a plain model of the run's, its adapters merged in
             model = _merged(model, build_run_model(model_cfg, data), lora.scaling)
-        written = _to_hf(model, run_dir, out) if args.to == TO_HF else _to_safetensors(model, out)
+        written = _to_hf(model, run_dir, out, data) if args.to == TO_HF \
+            else _to_safetensors(model, out)  # fmt: skip
     print(f"wrote {out} ({written})")
 
 
@@ -137,15 +139,17 @@ def _weights(run_dir: Path, args: argparse.Namespace) -> tuple[Path, dict[str, t
     return path, read_model_state(path, str(path))
 
 
-def _to_hf(model: nn.Module, run_dir: Path, out: Path) -> str:
+def _to_hf(model: nn.Module, run_dir: Path, out: Path, data: RunData) -> str:
     from dpt.models.families import family_of
 
-    hf_model = family_of(model).as_transformers(model)
+    family = family_of(model)
+    hf_model = family.as_transformers(model)
     if hf_model is None:
         raise DptError(
             f"--to hf: transformers has no class for {type(model).__name__} (a model=hf run's "
             "model or dpt's GPT); --to safetensors writes any model's weights"
         )
+    family.name_outputs(hf_model, data.task, data.classes)
     tokenizer = _tokenizer(run_dir)
     _special_ids(hf_model, tokenizer)
     hf_model.save_pretrained(out)

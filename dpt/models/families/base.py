@@ -104,6 +104,10 @@ class Family:
         task kind); None: a plain PeftModel."""
         return None
 
+    def name_outputs(self, model: nn.Module, task: str, names: list[str]) -> None:
+        """Write into the model's exported config what its outputs are (the run's `names` of
+        them, for a task of dpt's kinds); nothing where the family's export has no place."""
+
     def transformers_config(self, model: nn.Module) -> str | None:
         """The transformers config (JSON) a run keeps to rebuild the model without its folder."""
         return None

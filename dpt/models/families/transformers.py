@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpt.config.tasks import LANGUAGE_MODEL
+from dpt.config.tasks import BINARY, CLASSIFICATION, LANGUAGE_MODEL, MULTILABEL, REGRESSION
 from dpt.models.families.base import (
     Family,
     Plan,
@@ -40,6 +40,13 @@ FUSED_ATTENTION = ("query_key_value", "qkv_proj", "c_attn")
 HEAD_NORMS = ("q_norm", "k_norm")
 # The config key of the MLP's width, as transformers' families name it (Llama's, OPT's).
 MLP_WIDTHS = ("intermediate_size", "ffn_dim")
+# transformers' problem type of each task's loss (a classifier's config.problem_type).
+PROBLEM_TYPES = {
+    CLASSIFICATION: "single_label_classification",
+    MULTILABEL: "multi_label_classification",
+    BINARY: "multi_label_classification",  # one sigmoid per logit, as multi-label's
+    REGRESSION: "regression",
+}
 # An attention's counts of heads, as its forward may read them (OPT's reshapes by num_heads).
 HEAD_COUNTS = ("num_heads", "num_key_value_heads")
 
@@ -213,6 +220,19 @@ class TransformersFamily(Family):
 
     def peft_task_type(self, task: str) -> str | None:
         return "CAUSAL_LM" if task == LANGUAGE_MODEL else None
+
+    def name_outputs(self, model: nn.Module, task: str, names: list[str]) -> None:
+        """A classifier's config says what its outputs are, for transformers' own use (its
+        pipelines' label names, the loss its forward computes from `labels`): each output's
+        name, and the problem type of the task's loss (binary: one sigmoid per logit, as
+        multi-label)."""
+        problem = PROBLEM_TYPES.get(task)
+        config = model.config
+        if problem is None or len(names) != getattr(config, "num_labels", None):
+            return
+        config.id2label = dict(enumerate(names))
+        config.label2id = {name: i for i, name in enumerate(names)}
+        config.problem_type = problem
 
     def transformers_config(self, model: nn.Module) -> str:
         return model.config.to_json_string()
