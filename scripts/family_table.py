@@ -25,12 +25,15 @@ TRANSFORMERS = {
     "gemma2": "AutoModelForCausalLM", "phi3": "AutoModelForCausalLM",
     "opt": "AutoModelForCausalLM", "gpt2": "AutoModelForCausalLM",
     "gpt_neox": "AutoModelForCausalLM", "falcon": "AutoModelForCausalLM",
-    "bert": "AutoModelForSequenceClassification", "vit": "AutoModelForImageClassification",
+    "bert": "AutoModelForSequenceClassification",
+    "modernbert": "AutoModelForSequenceClassification",
+    "vit": "AutoModelForImageClassification", "dinov2": "AutoModelForImageClassification",
 }  # fmt: skip
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
         "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 64, "n_embd": 32,
         "n_head": 4, "n_layer": 2, "ffn_dim": 64, "word_embed_proj_dim": 32, "head_dim": 8,
         "image_size": 32, "patch_size": 8, "pad_token_id": 0}  # fmt: skip
+SPECIAL_IDS = ("bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id", "pad_token_id")
 
 
 def tiny_config(kind: str, **sizes: object) -> object:
@@ -41,6 +44,11 @@ def tiny_config(kind: str, **sizes: object) -> object:
     default = transformers.AutoConfig.for_model(kind)
     settable = {key: value for key, value in (TINY | sizes).items() if hasattr(default, key)
                 and not isinstance(getattr(type(default), key, None), property)}  # fmt: skip
+    vocabulary = settable.get("vocab_size", getattr(default, "vocab_size", None))
+    for key in SPECIAL_IDS:  # an id of the full vocabulary's (ModernBERT's 50281): none here
+        value = getattr(default, key, None)
+        if key not in settable and isinstance(value, int) and vocabulary and value >= vocabulary:
+            settable[key] = None
     # Given to the constructor: what it derives from them (Gemma's and Qwen's per-layer
     # attention kinds) follows.
     return transformers.AutoConfig.for_model(kind, **settable)

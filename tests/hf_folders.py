@@ -88,9 +88,16 @@ def text_classifier(folder: Path, kind: str, texts: list[str], **sizes: object) 
                                    unk_token="[UNK]", cls_token="[CLS]",
                                    sep_token="[SEP]")  # fmt: skip
     fast.save_pretrained(folder)
+    ids = {
+        "pad_token_id": 0,
+        "bos_token_id": 2,
+        "cls_token_id": 2,
+        "eos_token_id": 3,
+        "sep_token_id": 3,
+    }  # the tokenizer's, where the config names them (ModernBERT's)
     return _classifier(folder, kind, "AutoModelForSequenceClassification",
-                       vocab_size=wordpiece.get_vocab_size(), pad_token_id=0,
-                       max_position_embeddings=32, **sizes)  # fmt: skip
+                       vocab_size=wordpiece.get_vocab_size(), max_position_embeddings=32,
+                       **ids, **sizes)  # fmt: skip
 
 
 def image_classifier(folder: Path, kind: str) -> Path:

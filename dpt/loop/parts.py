@@ -165,6 +165,7 @@ def build_parts(
     # class of its own is not the one transformers knows the saved names of).
     reads = sharded_reads(model, shards_from, task.num_outputs) if shards_from else {}
     strategy.split_logits = task.loss_on_split_logits  # under tensor parallelism: left split
+    strategy.sample_input = (tuple(data.input_shape), input_dtype(data))
     model = strategy.wrap(model if shards_from else model.to(env.device), env, t.precision)
     if shards_from is not None:
         materialize(model, env.device)

@@ -19,6 +19,7 @@ from dpt.errors import DptError
 from dpt.loop.mesh import Degrees
 from dpt.loop.replica_mean import ReplicaMean
 from dpt.models.blocks import blocks
+from dpt.models.meta import unused_parameters
 from dpt.models.sync_batchnorm import convert_sync_batchnorm, has_batchnorm
 
 log = logging.getLogger("dpt")
@@ -79,6 +80,8 @@ class Strategy:
     # The task's loss computes on logits split over the vocabulary (cross-entropy, under torch's
     # `loss_parallel`): under tensor parallelism the head leaves them split (set before `wrap`).
     split_logits = False
+    # One input's shape and dtype (set before `wrap`): a strategy may probe the model with it.
+    sample_input: tuple[tuple[int, ...], torch.dtype | None] | None = None
 
     def check(self, model: nn.Module) -> None:
         """One line where the model (built on the meta device, beforehand) cannot be wrapped:
@@ -208,6 +211,7 @@ class DDP(Strategy):
             return model
         if self.sync_batchnorm:
             model = _sync_batchnorm(model, env)
+        self._leave_out_unused(model, env)
         device_ids = [env.device.index] if env.device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=device_ids, **self.wrapper)
         if self.comm_hook is not None:
@@ -217,6 +221,25 @@ class DDP(Strategy):
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         return super().no_sync(model) if self.replica_mean is None else self.replica_mean.no_sync()
+
+    def _leave_out_unused(self, model: nn.Module, env: DistEnv) -> None:
+        """Parameters that no step's backward reaches (a ViT's mask token, used only in masked
+        pretraining), found on the meta device, left out of DDP's buckets: DDP would wait for
+        their gradients and fail at the second step. Without a strategy they get none either.
+        `find_unused_parameters` looks for them at every step instead."""
+        if self.wrapper.get("find_unused_parameters") or self.sample_input is None:
+            return
+        unused = unused_parameters(model, *self.sample_input)
+        if not unused:
+            return
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, unused)
+        if env.is_main:
+            shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4
+                                             else "")  # fmt: skip
+            them = "it" if len(unused) == 1 else "them"
+            log.warning(f"strategy=ddp: the model's forward leaves {shown} without a gradient "
+                        f"(as under any strategy): DDP leaves {them} out of its "
+                        "buckets")  # fmt: skip
 
     def sync_gradients(self, model: nn.Module) -> None:
         # The replicas' means of each rank's slices first: a gradient still a partial sum over

@@ -36,6 +36,7 @@ _MASK = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
 _LAYER = re.compile(r"h\.(\d+)\.")
 _PREFIX = "transformer."  # GPT2LMHeadModel's; GPT2Model saves its keys without it
 _SHOWN = 3  # keys named in a refusal, so that it stays one line
+GPT2_END_OF_TEXT = 50256  # GPT-2's <|endoftext|>: its bos and eos id
 
 
 def is_gpt2_layout(state: dict[str, Tensor]) -> bool:
@@ -97,6 +98,12 @@ def _gpt2_config(model: GPT) -> dict[str, Any]:
         "attn_pdrop": model.dropout_p,
         "layer_norm_epsilon": 1e-5,  # nn.LayerNorm's default, which dpt's GPT keeps
         "tie_word_embeddings": True,
+        # GPT-2's own end-of-text id, where the vocabulary holds it (the export then gives the
+        # run's tokenizer's)
+        **dict.fromkeys(
+            ("bos_token_id", "eos_token_id"),
+            GPT2_END_OF_TEXT if model.vocab_size > GPT2_END_OF_TEXT else None,
+        ),
     }
 
 

@@ -44,3 +44,27 @@ def output_shape(
     if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != 2:
         return None
     return tuple(output.shape[1:])
+
+
+def unused_parameters(
+    model: nn.Module, input_shape: tuple[int, ...], dtype: torch.dtype | None = None
+) -> list[str] | None:
+    """The trainable parameters that a training step's forward and backward leave without a
+    gradient (a ViT's mask token, which only masked-image pretraining uses), found on the meta
+    device; None where the meta forward cannot tell."""
+    params = {key: torch.empty_like(p, device="meta").requires_grad_(p.requires_grad)
+              for key, p in model.named_parameters()}  # fmt: skip
+    buffers = {key: torch.empty_like(b, device="meta") for key, b in model.named_buffers()}
+    was_training = model.training
+    model.train()
+    try:
+        inputs = torch.empty(2, *input_shape, device="meta", dtype=dtype)
+        output = functional_call(model, {**params, **buffers}, (inputs,))
+        if not isinstance(output, torch.Tensor) or not output.requires_grad:
+            return None
+        output.float().sum().backward()
+    except Exception:  # anything the forward raises is the first step's to report
+        return None
+    finally:
+        model.train(was_training)
+    return [key for key, p in params.items() if p.requires_grad and p.grad is None]

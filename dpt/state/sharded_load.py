@@ -11,6 +11,7 @@ folder)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,16 +59,18 @@ def load_shards(model: nn.Module, folder: Path, keys: dict[str, str]) -> None:
             stored = keys.get(bare_name(name))  # recomputation's wrapper: not in the files
             if stored is not None:
                 with safe_open(str(owners[stored]), framework="pt") as opened:
-                    _copy_own_rows(tensor, opened.get_slice(stored))
+                    _copy_own_rows(tensor, opened, stored)
 
 
-def _copy_own_rows(tensor: torch.Tensor, stored: object) -> None:
-    """This rank's part of `tensor` (a DTensor sharded on dim 0, or a whole one) from the file."""
+def _copy_own_rows(tensor: torch.Tensor, opened: Any, key: str) -> None:
+    """This rank's part of `tensor` (a DTensor sharded on dim 0, or a whole one) from the file
+    (`opened`, its tensor `key`)."""
     from torch.distributed.tensor import DTensor
 
-    if not isinstance(tensor, DTensor):
-        tensor.copy_(stored[:])  # type: ignore[index]
+    if not isinstance(tensor, DTensor):  # whole on each rank: a buffer, a 0-dim one (BatchNorm's
+        tensor.copy_(opened.get_tensor(key))  # count) too, which has no slice
         return
+    stored = opened.get_slice(key)
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     shape, offset = compute_local_shape_and_global_offset(
@@ -75,5 +78,5 @@ def _copy_own_rows(tensor: torch.Tensor, stored: object) -> None:
     )
     local = tensor.to_local()
     if local.numel():
-        rows = stored[offset[0] : offset[0] + shape[0]]  # type: ignore[index]
+        rows = stored[offset[0] : offset[0] + shape[0]]
         local.copy_(rows.reshape(local.shape))

@@ -29,13 +29,16 @@ from dpt.models.families.base import (
 )
 from dpt.models.gpt import QKV
 
-# The attention's query and value projections as transformers' families name them: separate
-# (Llama, Mistral, Qwen, Gemma, OPT; BERT, RoBERTa), or one fused projection of all three
-# (GPTNeoX, Falcon; Phi-3; GPT-2's Conv1D, peft's default for it too).
-QUERY_VALUE = (("q_proj", "v_proj"), ("query", "value"), ("query_key_value",), ("qkv_proj",),
-               ("c_attn",))  # fmt: skip
-# One layer projecting queries, keys and values together (GPTNeoX, Falcon; Phi-3; GPT-2's Conv1D).
-FUSED_ATTENTION = ("query_key_value", "qkv_proj", "c_attn")
+# The attention's query and value projections as transformers' families name them (peft's
+# defaults for them alike): separate (Llama, Mistral, Qwen, Gemma, OPT; BERT, RoBERTa; DistilBERT;
+# DeBERTa), or one fused projection of all three (GPTNeoX, Falcon; Phi-3; GPT-2's Conv1D;
+# ModernBERT).
+QUERY_VALUE = (("q_proj", "v_proj"), ("query", "value"), ("q_lin", "v_lin"),
+               ("query_proj", "value_proj"), ("query_key_value",), ("qkv_proj",), ("c_attn",),
+               ("Wqkv",))  # fmt: skip
+# One layer projecting queries, keys and values together (GPTNeoX, Falcon; Phi-3; GPT-2's Conv1D;
+# ModernBERT).
+FUSED_ATTENTION = ("query_key_value", "qkv_proj", "c_attn", "Wqkv")
 # Norms of each head's queries and keys (Qwen 3), inside the attention.
 HEAD_NORMS = ("q_norm", "k_norm")
 # The config key of the MLP's width, as transformers' families name it (Llama's, OPT's).
