@@ -176,6 +176,25 @@ def _transformers_pipeline_says_the_same(
         assert max(abs(row[name] - v) for row, v in zip(scores, said[name], strict=True)) < 1e-5
 
 
+@pytest.mark.slow  # a training run
+@pytest.mark.timeout(300)
+def test_a_model_of_fresh_weights_from_its_config_trains_on_records(made: dict[str, Path]) -> None:
+    """model.config, no folder (the pretrained guide's other source): transformers' config
+    keys given whole on the command line; the texts as UTF-8 bytes (no folder, no tokenizer)."""
+    run = made["out"] / "fresh"
+    config = ("model.config={model_type: bert, hidden_size: 32, num_hidden_layers: 1, "
+              "num_attention_heads: 2, intermediate_size: 64, vocab_size: 256}")  # fmt: skip
+    result = train_in_process(
+        "model=hf", config, "task=classification", "dataset=records",
+        f"dataset.root={made['data']}", f"dataset.max_length={LENGTH}", "trainer.max_steps=4",
+        "checkpoint.enabled=false", f"hydra.run.dir={run}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    kept = json.loads((run / "hf_config.json").read_text())
+    assert (kept["model_type"], kept["hidden_size"], kept["num_hidden_layers"]) == ("bert", 32, 1)
+    assert json.loads((run / "metrics.json").read_text())["steps"] == 4
+
+
 def _records(root: Path, **extra: object) -> RecordsData:
     settings = {"text": "text", "label": "label", "tokenizer": None, "max_length": 8,
                 "val_fraction": 0.0, "num_workers": 0, "seed": 0} | extra  # fmt: skip

@@ -83,7 +83,8 @@ class HFModelConfig:
 
     _target_: str = "dpt.models.hf.pretrained"
     path: str | None = MISSING  # a folder written by save_pretrained; nothing is downloaded
-    config: dict[str, Any] | None = MISSING  # no folder: transformers config keys, model_type
+    # no folder: transformers config keys, model_type (Any: a dict given whole, by any keys)
+    config: Any = MISSING
     block_size: int = MISSING  # the longest sequence; dataset=text's windows read it
     trust_remote_code: bool = MISSING  # run the folder's own code (config.json's auto_map)
     init_from: str | None = MISSING

@@ -32,6 +32,7 @@ from dpt.models import packed
 
 once = logging.getLogger(ONCE_LOGGER_NAME)  # what every rank says alike: rank 0 says it
 
+EXAMPLE_TYPES = "e.g. llama, gpt2, bert, vit"  # transformers' model types, for a hint
 REMOTE_CODE_KEY = "auto_map"  # a config.json key naming the folder's own Python classes
 # transformers' refusal of SDPA for a model whose attention it cannot express (soft-capping)
 NO_SDPA = "does not support an attention implementation through torch.nn.functional"
@@ -81,12 +82,18 @@ def model_config(path: str | None, config: Any, trust_remote_code: bool) -> Any:
         raise DptError("model=hf: set model.path (a local model folder) or model.config "
                        "(a transformers config with model_type, for fresh weights)")  # fmt: skip
     values = _plain(config)
+    if not isinstance(values, dict):
+        raise DptError(f"model.config={config}: a transformers config is its keys, e.g. "
+                       "model.config={model_type: llama, hidden_size: 64}")  # fmt: skip
     kind = values.pop("model_type", None)
     if kind is None:
-        raise DptError("model.config: needs model_type (e.g. llama, gpt2, bert, vit)")
+        raise DptError(f"model.config: needs model_type ({EXAMPLE_TYPES})")
     try:
         return AutoConfig.for_model(kind, **values)
     except ValueError as error:
+        if "Unrecognized model identifier" in str(error):  # it lists every type there is
+            raise DptError(f"model.config.model_type={kind}: transformers has no such model "
+                           f"type ({EXAMPLE_TYPES})") from error  # fmt: skip
         raise DptError(f"model.config.model_type={kind}: {_first_line(error)}") from error
 
 
@@ -251,13 +258,13 @@ def _logits(module: nn.Module, args: Any, output: Any) -> Any:
     return getattr(output, "logits", output)
 
 
-def _plain(config: Any) -> dict[str, Any]:
+def _plain(config: Any) -> Any:
+    """`model.config` as plain Python values (a dict, where it is one)."""
     from omegaconf import DictConfig, OmegaConf
 
-    values = (
-        OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
-    )
-    return dict(values)
+    if isinstance(config, DictConfig):
+        return OmegaConf.to_container(config, resolve=True)
+    return dict(config) if isinstance(config, dict) else config
 
 
 def _first_line(error: BaseException) -> str:
