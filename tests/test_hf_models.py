@@ -374,3 +374,32 @@ def test_fsdp_ranks_never_hold_the_whole_model_of_a_folder(folders: dict[str, Pa
     print(f"peak memory grown, in model sizes ({size / 1e6:.0f} MB): {grown}")
     assert all(grown["fsdp", rank] < 0.7 for rank in (0, 1)), grown
     assert all(grown["ddp", rank] > 1.0 for rank in (0, 1)), grown
+
+
+@pytest.mark.slow  # two training runs, in process
+@pytest.mark.timeout(300)
+def test_a_fresh_configs_vocabulary_is_the_datas_and_generate_samples_the_tokenizers_ids(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """model.config without vocab_size: the data's (256 bytes), not transformers' 32,000 (a
+    head of logits no token has, 125 times the work); given one larger (a padded vocabulary),
+    dpt-generate samples only ids the tokenizer has (an id past 255 raised in its decoding)."""
+    from tests.helpers import train_in_process
+
+    (tmp_path / "sums.txt").write_text(hf_folders.SUMS)
+    llama = ("model.config={model_type: llama, hidden_size: 32, intermediate_size: 64, "
+             "num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2")  # fmt: skip
+    for name, vocabulary in (("datas", ""), ("padded", ", vocab_size: 320")):
+        run = tmp_path / name
+        result = train_in_process(
+            "model=hf", llama + vocabulary + "}", "task=language_model", "dataset=text",
+            f"dataset.root={tmp_path / 'sums.txt'}", "trainer.max_steps=2", "model.block_size=16",
+            "checkpoint.enabled=false", f"hydra.run.dir={run}",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        kept = json.loads((run / HF_CONFIG_FILE).read_text())["vocab_size"]
+        assert kept == (256 if name == "datas" else 320)
+    capsys.readouterr()
+    generate.main([str(tmp_path / "padded"), "--prompt", "1+2=", "--max-new-tokens", "24",
+                   "--temperature", "1", "--seed", "0"])  # fmt: skip
+    assert capsys.readouterr().out.startswith("1+2=")

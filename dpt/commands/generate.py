@@ -106,16 +106,19 @@ def sample(
     temperature: float,
     top_k: int | None,
     generator: torch.Generator,
+    vocabulary: int,
 ) -> Iterator[int]:
     """Token after token: each drawn from the model's next-token distribution given the last
-    `block_size` tokens (the model waits for the device at each token: one at a time)."""
+    `block_size` tokens (the model waits for the device at each token: one at a time), over
+    the tokenizer's `vocabulary` ids (a model may have more outputs: a vocabulary padded to a
+    multiple, a fresh config's default; no text has those ids)."""
     import torch
 
     block_size = int(getattr(predictor.model, "block_size", len(ids) + max_new_tokens))
     context = torch.tensor([ids], dtype=torch.long, device=predictor.device)
     for _ in range(max_new_tokens):
         with torch.no_grad(), predictor.autocast():
-            logits = predictor.model(context[:, -block_size:])[0, -1].float()
+            logits = predictor.model(context[:, -block_size:])[0, -1, :vocabulary].float()
         if temperature == 0:
             token = int(logits.argmax())
         else:
@@ -151,7 +154,7 @@ def complete(
     new: list[int] = []
     shown = 0
     for token in sample(predictor, ids, args.max_new_tokens, args.temperature, args.top_k,
-                        generator):  # fmt: skip
+                        generator, tokenizer.vocab_size):  # fmt: skip
         new.append(token)
         text = tokenizer.decode(new, special=chat)
         if args.stop and args.stop in text:

@@ -57,6 +57,8 @@ def pretrained(
     hf_config = model_config(path, config, trust_remote_code)
     auto = auto_class(task, input_shape)
     if task == LANGUAGE_MODEL:
+        if path is None and "vocab_size" not in _plain(config):  # fresh: the data's, as model=gpt
+            hf_config.vocab_size = num_outputs  # (not transformers' default, 32,000 for Llama)
         _check_vocabulary(num_outputs, hf_config, path)
     else:
         hf_config.num_labels = num_outputs
