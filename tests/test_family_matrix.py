@@ -145,8 +145,13 @@ def test_the_export_gives_the_runs_logits_and_generate_answers(
     matrix: dict[str, Any], kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = matrix["runs"] / kind / "single"
+    capsys.readouterr()
     export.main([str(run), "--to", "hf", str(tmp_path / "hf")])
+    said = capsys.readouterr()
     exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    name = type(exported).__name__
+    assert said.out == f"wrote {tmp_path / 'hf'} ({name}, from_pretrained loads it)\n"
+    assert said.err == ""  # its one line: no progress bar of transformers' writing
     trained = transformers.AutoModelForCausalLM.from_pretrained(matrix["folders"][kind]).eval()
     trained.load_state_dict(load_weights(run))
     ids = torch.randint(0, hf_folders.VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
