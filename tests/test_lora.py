@@ -177,6 +177,22 @@ def test_a_target_that_matches_no_linear_layer_is_one_line() -> None:
     )
 
 
+def test_modules_to_save_train_whole_and_a_pattern_that_names_none_is_one_line() -> None:
+    """finetune.lora.modules_to_save: the modules named train whole beside the adapters (the
+    outermost that a pattern names); null (the default): the family's (dpt's GPT: none)."""
+    model = gpt()
+    add_lora(model, RANK, ALPHA, 0.0, [], ["h.1.mlp*"])
+    trains = {n for n, p in model.named_parameters() if p.requires_grad and "lora_" not in n}
+    whole = {f"h.1.mlp.{layer}.{p}" for layer in ("fc", "proj") for p in ("weight", "bias")}
+    assert trains == whole
+    plain = gpt()
+    add_lora(plain, RANK, ALPHA, 0.0, [], None)
+    assert all("lora_" in n for n, p in plain.named_parameters() if p.requires_grad)
+    with pytest.raises(DptError) as error:
+        add_lora(gpt(), RANK, ALPHA, 0.0, [], ["head"])
+    assert str(error.value) == "finetune.lora.modules_to_save: 'head' names no module of GPT"
+
+
 def test_lora_without_targets_adapts_what_the_family_names() -> None:
     """No targets named: the attention's query and value projections, as the model's family
     names them (dpt's GPT and Llama's shape, BERT's, GPTNeoX's and Falcon's fused one); a model

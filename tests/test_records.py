@@ -195,6 +195,50 @@ def test_a_model_of_fresh_weights_from_its_config_trains_on_records(made: dict[s
     assert json.loads((run / "metrics.json").read_text())["steps"] == 4
 
 
+@pytest.mark.slow  # training runs, and the exports
+@pytest.mark.timeout(300)
+def test_lora_on_a_classifier_trains_its_head_beside_the_adapters(
+    made: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """finetune.lora.rank alone on a sequence classifier: the adapters on its query and value
+    projections and its head (`classifier`, sized to the task, as peft's modules_to_save) train,
+    the rest is the folder's; the checkpoint holds both (a run stopped and resumed ends with the
+    uninterrupted one's weights); the peft export on the folder's model and the merged export
+    give the run's logits."""
+    import peft
+    import torch
+
+    from dpt.commands import export
+    from dpt.models.lora import is_lora_key
+    from tests.helpers import load_weights, max_abs_diff
+
+    args = ["model=hf", f"model.path={made['bert']}", "task=classification", "dataset=records",
+            f"dataset.root={made['data']}", f"dataset.max_length={LENGTH}",
+            "finetune.lora.rank=4", "optimizer=adamw", "optimizer.lr=0.01",
+            "trainer.batch_size=32", "checkpoint.every_n_steps=20"]  # fmt: skip
+    whole, stopped = made["out"] / "lora", made["out"] / "lora-stopped"
+    assert train_in_process(*args, "trainer.max_steps=40", f"hydra.run.dir={whole}").returncode == 0
+    cut = train_in_process(*args, "trainer.max_steps=20", f"hydra.run.dir={stopped}")
+    assert cut.returncode == 0, cut.stderr
+    resumed = train_in_process(*args, "trainer.max_steps=40", f"hydra.run.dir={stopped}")
+    assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr
+    trained = load_weights(whole)
+    assert max_abs_diff(load_weights(stopped), trained) < 1e-6
+    assert json.loads((whole / "metrics.json").read_text())["val"]["val/acc1"] > 0.9
+    folder = transformers.AutoModelForSequenceClassification.from_pretrained(made["bert"])
+    moved = {k for k, v in folder.state_dict().items() if not torch.equal(trained[k], v)}
+    assert moved == {"classifier.weight", "classifier.bias"}  # the base is the folder's
+    assert {k.split(".")[-2] for k in trained if is_lora_key(k)} == {"lora_A", "lora_B"}
+    capsys.readouterr()
+    export.main([str(whole), "--to", "peft", str(made["out"] / "peft"), "--last"])
+    export.main([str(whole), "--to", "hf", str(made["out"] / "merged"), "--last"])
+    adapted = peft.PeftModel.from_pretrained(folder, made["out"] / "peft").eval()
+    merged = transformers.AutoModelForSequenceClassification.from_pretrained(made["out"] / "merged")
+    ids = torch.randint(4, 100, (3, LENGTH), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (adapted(ids).logits - merged.eval()(ids).logits).abs().max() < 1e-5
+
+
 def _records(root: Path, **extra: object) -> RecordsData:
     settings = {"text": "text", "label": "label", "tokenizer": None, "max_length": 8,
                 "val_fraction": 0.0, "num_workers": 0, "seed": 0} | extra  # fmt: skip

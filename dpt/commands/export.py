@@ -113,12 +113,19 @@ def _to_peft(model: nn.Module, lora: RunLora, task: str, out: Path) -> str:
     from safetensors.torch import save_file
 
     from dpt.models.families import family_of
-    from dpt.models.lora import PEFT_CONFIG, PEFT_WEIGHTS, peft_files, transposed_layers
+    from dpt.models.lora import (
+        PEFT_CONFIG,
+        PEFT_WEIGHTS,
+        peft_files,
+        saved_whole,
+        transposed_layers,
+    )
 
     kind = family_of(model).peft_task_type(task)
     transposed = bool(transposed_layers(model))
+    whole = saved_whole(model, lora.modules_to_save)
     config, tensors = peft_files(model.state_dict(), lora.rank, lora.alpha, lora.dropout,
-                                 lora.targets, lora.base, kind, transposed)  # fmt: skip
+                                 lora.targets, lora.base, kind, transposed, whole)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / PEFT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     save_file(tensors, out / PEFT_WEIGHTS, metadata={"format": "pt"})

@@ -279,6 +279,7 @@ class RunLora:
     dropout: float
     targets: list[str]
     base: str | None  # the run's model.init_from, else model.path (None: neither)
+    modules_to_save: list[str] | None = None  # trained whole (None: the family's head)
 
     @property
     def scaling(self) -> float:
@@ -300,7 +301,17 @@ def run_lora(cfg: Any) -> RunLora | None:
         dropout=float(lora.get("dropout", 0.0)),
         targets=[str(t) for t in lora.get("targets", [])],
         base=None if base is None else str(base),
+        modules_to_save=_saved_whole(lora),
     )
+
+
+def _saved_whole(lora: Any) -> list[str] | None:
+    """The run's `finetune.lora.modules_to_save`: a run of before it trained its adapters alone
+    (an empty list)."""
+    if "modules_to_save" not in lora:
+        return []
+    names = lora.modules_to_save
+    return None if names is None else [str(n) for n in names]
 
 
 def build_run_model(model_cfg: Any, data: RunData, lora: RunLora | None = None) -> nn.Module:
@@ -318,7 +329,7 @@ def build_run_model(model_cfg: Any, data: RunData, lora: RunLora | None = None) 
     if lora is not None:
         from dpt.models.lora import add_lora
 
-        add_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets)
+        add_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets, lora.modules_to_save)
     return model
 
 

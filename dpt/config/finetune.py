@@ -22,6 +22,10 @@ class LoraConfig:
     # ([q_proj, v_proj] in dpt's GPT and Llama's shape, [query, value] in BERT's,
     # [query_key_value] in GPTNeoX's and Falcon's, [c_attn] in GPT-2's, a Conv1D).
     targets: list[str] = field(default_factory=list)
+    # Modules that train whole beside the adapters (peft's modules_to_save), by name pattern;
+    # null: a classifier's head where the model's family names it (transformers' classifier or
+    # score: a head of the task's size, often fresh); []: none.
+    modules_to_save: list[str] | None = None
 
 
 @dataclass

@@ -24,12 +24,12 @@ def settings_of(cfg: DictConfig) -> FinetuneConfig:
 
 def adapt(model: nn.Module, settings: FinetuneConfig) -> None:
     """Freeze `finetune.freeze`'s parameters, then put LoRA adapters on `finetune.lora.targets`
-    (which freezes every other parameter)."""
+    (which freezes every other parameter but `finetune.lora.modules_to_save`'s)."""
     if settings.freeze:
         freeze(model, settings.freeze)
     lora = settings.lora
     if lora.rank:
-        add_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets)
+        add_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets, lora.modules_to_save)
 
 
 def uses_lora(settings: FinetuneConfig) -> bool:

@@ -34,12 +34,18 @@ LAYERS_SHOWN = 8  # linear layers' names shown where a pattern matches none
 
 
 def add_lora(
-    model: nn.Module, rank: int, alpha: float, dropout: float, targets: Sequence[str]
+    model: nn.Module,
+    rank: int,
+    alpha: float,
+    dropout: float,
+    targets: Sequence[str],
+    modules_to_save: Sequence[str] | None = (),
 ) -> list[str]:
     """Adapters of `rank` on every linear layer of `model` that a pattern of `targets` names
     (fnmatch of the whole name or of its last parts: `q_proj`, `h.*.attn.v_proj`; none: those
     the model's family names, its attention's query and value projections); every other
-    parameter frozen. The adapted layers' names; a pattern that matches none is refused."""
+    parameter frozen but those of `modules_to_save` (`saved_whole`). The adapted layers' names;
+    a pattern that matches none is refused."""
     linears = linear_layers(model)
     if not targets:
         from dpt.models.families import family_of
@@ -60,7 +66,26 @@ def add_lora(
         layer = linears[name]
         _attach(layer, rank, alpha / rank, dropout)
         _init_adapter(bare_name(name), getattr(layer, A).weight, getattr(layer, B).weight)
+    for name in saved_whole(model, modules_to_save):
+        model.get_submodule(name).requires_grad_(True)
     return chosen
+
+
+def saved_whole(model: nn.Module, patterns: Sequence[str] | None) -> list[str]:
+    """The modules that train whole beside the adapters (peft's `modules_to_save`): those the
+    patterns name (as `targets` match; the outermost), or where None those the model's family
+    names (a classifier's head). A pattern that matches no module is refused."""
+    if patterns is None:
+        from dpt.models.families import family_of
+
+        return list(family_of(model).lora_modules_to_save(model))
+    names = [name for name, _ in model.named_modules() if name]
+    for pattern in patterns:
+        if not any(matches(name, pattern) for name in names):
+            raise DptError(f"finetune.lora.modules_to_save: {pattern!r} names no module of "
+                           f"{type(model).__name__}")  # fmt: skip
+    named = [n for n in names if any(matches(n, p) for p in patterns)]
+    return [n for n in named if not any(n.startswith(f"{m}.") for m in named)]
 
 
 def linear_layers(model: nn.Module) -> dict[str, nn.Module]:
@@ -216,13 +241,17 @@ def peft_files(
     base_path: str | None,
     task_type: str | None = None,
     fan_in_fan_out: bool = False,
+    modules_to_save: Sequence[str] = (),
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The adapters of `state` in peft's layout: `adapter_config.json`'s content and
     `adapter_model.safetensors`' tensors, which `PeftModel.from_pretrained(base, folder)` loads.
     `task_type`: peft's (`CAUSAL_LM` for a transformers causal language model), None for
     another model (plain `PeftModel`); `fan_in_fan_out`: the adapted layers' weights are in x
-    out (transformers' Conv1D)."""
+    out (transformers' Conv1D); `modules_to_save`: modules trained whole, saved beside the
+    adapters under their own names (as peft saves them)."""
     adapters = adapter_state(state)
+    whole = {k: v for k, v in state.items() if not is_lora_key(k)
+             and any(k.startswith(f"{m}.") for m in modules_to_save)}  # fmt: skip
     layers = adapted_layers(adapters)
     config = {
         "peft_type": "LORA",
@@ -237,10 +266,11 @@ def peft_files(
         "use_rslora": False,
         "use_dora": False,
         "init_lora_weights": True,
-        "modules_to_save": None,
+        "modules_to_save": list(modules_to_save) or None,
         "inference_mode": True,
     }
-    tensors = {PEFT_PREFIX + k: v.detach().contiguous().clone() for k, v in adapters.items()}
+    tensors = {PEFT_PREFIX + k: v.detach().contiguous().clone()
+               for k, v in {**adapters, **whole}.items()}  # fmt: skip
     return config, tensors
 
 

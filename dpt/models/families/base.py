@@ -77,6 +77,11 @@ class Family:
         """The layers LoRA adapts when `finetune.lora.targets` names none."""
         return ()
 
+    def lora_modules_to_save(self, model: nn.Module) -> tuple[str, ...]:
+        """The modules that train whole beside LoRA's adapters when
+        `finetune.lora.modules_to_save` names none (a classifier's head)."""
+        return ()
+
     def weights_in(self, model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
         """`state` (a weights source's tensors) named as `model` names them."""
         names = self.names_in(model, list(state))

@@ -43,6 +43,8 @@ FUSED_ATTENTION = ("query_key_value", "qkv_proj", "c_attn", "Wqkv")
 HEAD_NORMS = ("q_norm", "k_norm")
 # The config key of the MLP's width, as transformers' families name it (Llama's, OPT's).
 MLP_WIDTHS = ("intermediate_size", "ffn_dim")
+# A classifier's head as transformers' classifiers name it (BERT's, ViT's; Llama's score).
+CLASSIFIER_HEADS = ("classifier", "score")
 # transformers' problem type of each task's loss (a classifier's config.problem_type).
 PROBLEM_TYPES = {
     CLASSIFICATION: "single_label_classification",
@@ -214,6 +216,14 @@ class TransformersFamily(Family):
         linears = {name.rpartition(".")[2] for name, module in model.named_modules()
                    if isinstance(module, nn.Linear) or is_conv1d(module)}  # fmt: skip
         return next((names for names in QUERY_VALUE if set(names) <= linears), ())
+
+    def lora_modules_to_save(self, model: nn.Module) -> tuple[str, ...]:
+        """A classifier's head, as transformers' classifiers name it (peft's defaults for a
+        sequence classifier): sized to the task's outputs, often fresh; a language model's head
+        stays frozen."""
+        if model.get_output_embeddings() is not None:
+            return ()
+        return tuple(name for name, _ in model.named_children() if name in CLASSIFIER_HEADS)
 
     def flops_per_token(self, model: nn.Module) -> Callable[[int], float]:
         return functools.partial(_flops_per_token, model)
