@@ -209,9 +209,9 @@ class DDP(Strategy):
                 cap = self.wrapper.get("bucket_cap_mb") or 25.0  # as DDP's own, unset
                 self.replica_mean = ReplicaMean(model, replicas.get_group(), replicas.size(), cap)
             return model
+        self._leave_out_unused(model, env)  # before sync BatchNorm, whose forward gathers
         if self.sync_batchnorm:
             model = _sync_batchnorm(model, env)
-        self._leave_out_unused(model, env)
         device_ids = [env.device.index] if env.device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=device_ids, **self.wrapper)
         if self.comm_hook is not None:
