@@ -67,9 +67,11 @@ def bert_folder(folder: Path, texts: list[str]) -> Path:
     return text_classifier(folder, "bert", texts, num_attention_heads=2)
 
 
-def text_classifier(folder: Path, kind: str, texts: list[str], **sizes: object) -> Path:
+def text_classifier(
+    folder: Path, kind: str, texts: list[str], labels: int = 2, **sizes: object
+) -> Path:
     """A tiny sequence classifier of transformers' `model_type` `kind` (scripts/family_table.py's
-    sizes, `sizes` over them; 2 labels, no dropout) with a WordPiece tokenizer learned on
+    sizes, `sizes` over them; `labels` labels, no dropout) with a WordPiece tokenizer learned on
     `texts`."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -95,22 +97,22 @@ def text_classifier(folder: Path, kind: str, texts: list[str], **sizes: object) 
         "eos_token_id": 3,
         "sep_token_id": 3,
     }  # the tokenizer's, where the config names them (ModernBERT's)
-    return _classifier(folder, kind, "AutoModelForSequenceClassification",
+    return _classifier(folder, kind, "AutoModelForSequenceClassification", labels,
                        vocab_size=wordpiece.get_vocab_size(), max_position_embeddings=32,
                        **ids, **sizes)  # fmt: skip
 
 
-def image_classifier(folder: Path, kind: str) -> Path:
-    """A tiny image classifier of `kind` (32 x 32 images; 2 labels, no dropout)."""
-    return _classifier(folder, kind, "AutoModelForImageClassification")
+def image_classifier(folder: Path, kind: str, labels: int = 2) -> Path:
+    """A tiny image classifier of `kind` (32 x 32 images; `labels` labels, no dropout)."""
+    return _classifier(folder, kind, "AutoModelForImageClassification", labels)
 
 
-def _classifier(folder: Path, kind: str, auto: str, **sizes: object) -> Path:
+def _classifier(folder: Path, kind: str, auto: str, labels: int, **sizes: object) -> Path:
     from dpt.models.hf import build_auto
     from scripts.family_table import tiny_config
 
     config = tiny_config(kind, **sizes)
-    config.num_labels = 2
+    config.num_labels = labels
     for key in list(config.to_dict()):
         if "dropout" in key:
             setattr(config, key, 0.0)

@@ -8,7 +8,8 @@ one layer, refused in the family's one line before any rank starts. LoRA with no
 adapts what the family names and leaves the base as it was; the export gives the run's logits in
 transformers; dpt-generate answers from the run folder alone.
 
-Classifiers (an encoder on labeled records, an image classifier on an image folder): under ddp
+Classifiers (an encoder on labeled records, an image classifier on an image folder), each
+folder's head of another size than the data's (a fresh head, as fine-tuning has it): under ddp
 and fsdp each run equals one process (< 1e-5); the export gives the run's logits.
 
 The multi-process runs go through this pytest worker's resident 2-rank world, one list of runs."""
@@ -183,8 +184,11 @@ def classifiers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         out / "images", {"train": 8, "val": 2}, {"blue": (30, 30, 200), "red": (200, 30, 30)}, 32
     )
     texts = [row["text"] for row in train]
-    folders = {kind: hf_folders.text_classifier(out / kind, kind, texts)
-               if TRANSFORMERS[kind] == TEXT else hf_folders.image_classifier(out / kind, kind)
+    # Folders of 3 labels for data of 2 classes: each run's head is fresh, drawn alike under
+    # every strategy (fsdp's model is built on the meta device, drawn in another order)
+    folders = {kind: hf_folders.text_classifier(out / kind, kind, texts, labels=3)
+               if TRANSFORMERS[kind] == TEXT else
+               hf_folders.image_classifier(out / kind, kind, labels=3)
                for kind in CLASSIFIERS}  # fmt: skip
     data = {kind: records if TRANSFORMERS[kind] == TEXT else images for kind in CLASSIFIERS}
     runs = out / "runs"
@@ -209,9 +213,15 @@ def test_a_classifier_under_each_strategy_equals_one_process(
     assert max_abs_diff(_folders_weights(classifiers, kind), one) > 1e-4  # the steps moved it
 
 
-def _folders_weights(classifiers: dict[str, Any], kind: str) -> dict[str, torch.Tensor]:
+def _folders_model(classifiers: dict[str, Any], kind: str) -> torch.nn.Module:
+    """The folder's model with the run's head of 2 classes (fresh: the folder's has 3)."""
     auto = getattr(transformers, TRANSFORMERS[kind])
-    return auto.from_pretrained(classifiers["folders"][kind]).state_dict()
+    folder = classifiers["folders"][kind]
+    return auto.from_pretrained(folder, num_labels=2, ignore_mismatched_sizes=True)
+
+
+def _folders_weights(classifiers: dict[str, Any], kind: str) -> dict[str, torch.Tensor]:
+    return _folders_model(classifiers, kind).state_dict()
 
 
 @pytest.mark.timeout(300)
@@ -223,7 +233,7 @@ def test_a_classifiers_export_gives_the_runs_logits(
     export.main([str(run), "--to", "hf", str(tmp_path / "hf")])
     auto = getattr(transformers, TRANSFORMERS[kind])
     exported = auto.from_pretrained(tmp_path / "hf").eval()
-    trained = auto.from_pretrained(classifiers["folders"][kind]).eval()
+    trained = _folders_model(classifiers, kind).eval()
     trained.load_state_dict(load_weights(run))
     generator = torch.Generator().manual_seed(0)
     inputs = (torch.randint(4, 100, (2, 12), generator=generator) if TRANSFORMERS[kind] == TEXT

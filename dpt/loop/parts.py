@@ -38,9 +38,9 @@ from dpt.loop.optimizers import fused_fits
 from dpt.loop.param_groups import check_groups, param_groups
 from dpt.loop.precision import Precision
 from dpt.loop.strategy import Strategy
-from dpt.models import build_model, token_flops, unwrap
+from dpt.models import bare_name, build_model, token_flops, unwrap
 from dpt.models.families import family_of
-from dpt.models.lora import init_lora
+from dpt.models.lora import init_lora, is_lora_key
 from dpt.models.meta import output_shape
 from dpt.models.weights import fit_state, fitting
 from dpt.monitor.grad_diagnostics import GradDiagnostics
@@ -170,6 +170,7 @@ def build_parts(
     if shards_from is not None:
         materialize(model, env.device)
         load_shards(model, shards_from, reads)
+        _init_fresh(model, set(reads))  # as one process draws them
         init_lora(model)  # materialized by transformers' init: the adapters' own, anew
     if strategy.tensor_parallel > 1:  # the whole model's count, and the rank's own share
         trainable += finetuning.on_this_rank(model, strategy.tensor_parallel)
@@ -287,9 +288,21 @@ def initial_weights(
         return
     key = f"model.{INIT_KEY}={source}"
     if load:
-        fit_state(model, read_model_state(Path(source), key), key, num_outputs)
+        loaded = fit_state(model, read_model_state(Path(source), key), key, num_outputs)
+        _init_fresh(model, loaded)  # as fsdp's ranks draw them
     else:  # the pre-run check: a safetensors source's headers alone
         fitting(model, model_shapes(Path(source), key), key, num_outputs)
+
+
+def _init_fresh(model: nn.Module, given: set[str]) -> None:
+    """The trainable parameters that the weights did not give (a head of the task's size)
+    drawn by the model's family from their names: the same under every strategy. LoRA's
+    adapters are drawn apart (init_lora)."""
+    bare = unwrap(model)
+    fresh = [name for name, _ in bare.named_parameters()
+             if bare_name(name) not in given and not is_lora_key(name)]  # fmt: skip
+    if fresh:
+        family_of(bare).init_fresh(bare, fresh)
 
 
 def sharded_source(node: DictConfig, strategy: Strategy, env: DistEnv) -> Path | None:

@@ -189,6 +189,12 @@ def _loaded(cls: Any, path: str, hf_config: Any, options: dict[str, Any]) -> nn.
         logger.removeFilter(quiet)
     for line in loading_lines(path, info):
         once.warning(line)
+    from dpt.models.families import family_of
+
+    own = dict(model.named_parameters())
+    fresh = [name for name, *_ in info.get("mismatched_keys", ())]
+    fresh += list(info.get("missing_keys", ()))
+    family_of(model).init_fresh(model, [name for name in fresh if name in own])
     return model
 
 

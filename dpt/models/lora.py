@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from dpt.errors import DptError
+from dpt.models.families.base import copy_whole
 
 A, B, DROPOUT, SCALING = "lora_A", "lora_B", "lora_dropout", "lora_scaling"
 SEED = 0x10A  # the adapters' init, with each layer's name: the same on every rank and run
@@ -174,22 +175,8 @@ def _init_adapter(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
     generator = torch.Generator().manual_seed(SEED + zlib.crc32(name.encode()))
     full = torch.empty(a.shape, dtype=torch.float32)
     nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=generator)  # peft's lora_A
-    _copy_whole(a, full)
+    copy_whole(a, full)
     _local(b).zero_()
-
-
-def _copy_whole(parameter: torch.Tensor, full: torch.Tensor) -> None:
-    """`full` into `parameter`; a DTensor takes its own shard of it (every rank holds the
-    same `full`: nothing is sent)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if isinstance(parameter, DTensor):
-        full = full.to(parameter.device, parameter.dtype)
-        mine = distribute_tensor(full, parameter.device_mesh, parameter.placements,
-                                 src_data_rank=None)  # fmt: skip
-        parameter.to_local().copy_(mine.to_local())
-    else:
-        parameter.copy_(full)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

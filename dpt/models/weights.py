@@ -84,9 +84,13 @@ def _head_keys(model: nn.Module, num_classes: int) -> set[str]:
     return {prefix + name for name, _ in module.named_parameters(recurse=False)}
 
 
-def fit_state(model: nn.Module, state: dict[str, torch.Tensor], key: str, num_outputs: int) -> None:
-    """Load `state` (from `key`, e.g. `model.init_from=PATH`) into `model`."""
-    model.load_state_dict(fitting(model, state, key, num_outputs), strict=False)
+def fit_state(
+    model: nn.Module, state: dict[str, torch.Tensor], key: str, num_outputs: int
+) -> set[str]:
+    """Load `state` (from `key`, e.g. `model.init_from=PATH`) into `model`; the names loaded."""
+    usable = fitting(model, state, key, num_outputs)
+    model.load_state_dict(usable, strict=False)
+    return set(usable)
 
 
 def fitting(

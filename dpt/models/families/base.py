@@ -92,6 +92,12 @@ class Family:
         (a rename only: the tensor as stored); {}: the same names."""
         return {}
 
+    def init_fresh(self, model: nn.Module, names: list[str]) -> None:
+        """Draw anew the parameters `names` that the weights did not give (a head of the task's
+        size), each from its own name, the same under every strategy (fsdp's model is built on
+        the meta device and drawn in another order); nothing where the family's models are
+        built alike under every strategy."""
+
     def refused_checkpoint(self, model: nn.Module, stored: set[str]) -> str | None:
         """Why a checkpoint holding the tensors `stored` cannot resume `model`; None: it can."""
         return None
@@ -156,3 +162,17 @@ def inner(block: nn.Module) -> nn.Module:
 def sequential_units(model: nn.Sequential) -> list[Unit]:
     """An `nn.Sequential`'s units: its children."""
     return [Unit(name, (name,), child(name)) for name, _ in model.named_children()]
+
+
+def copy_whole(parameter: torch.Tensor, full: torch.Tensor) -> None:
+    """`full` into `parameter`; a DTensor takes its own shard of it (every rank holds the
+    same `full`: nothing is sent)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(parameter, DTensor):
+        full = full.to(parameter.device, parameter.dtype)
+        mine = distribute_tensor(full, parameter.device_mesh, parameter.placements,
+                                 src_data_rank=None)  # fmt: skip
+        parameter.to_local().copy_(mine.to_local())
+    else:
+        parameter.copy_(full)

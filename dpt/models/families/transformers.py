@@ -10,7 +10,9 @@ transformers is never imported here: a model that is one was built by it.
 
 from __future__ import annotations
 
+import copy
 import functools
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +24,7 @@ from dpt.models.families.base import (
     Family,
     Plan,
     Unit,
+    copy_whole,
     inner,
     is_conv1d,
     loaded_instance,
@@ -43,6 +46,7 @@ FUSED_ATTENTION = ("query_key_value", "qkv_proj", "c_attn", "Wqkv")
 HEAD_NORMS = ("q_norm", "k_norm")
 # The config key of the MLP's width, as transformers' families name it (Llama's, OPT's).
 MLP_WIDTHS = ("intermediate_size", "ffn_dim")
+FRESH_SEED = 0x5EED  # with a parameter's owner's name: its fresh draw (init_fresh)
 # A classifier's head as transformers' classifiers name it (BERT's, ViT's; Llama's score).
 CLASSIFIER_HEADS = ("classifier", "score")
 # transformers' problem type of each task's loss (a classifier's config.problem_type).
@@ -225,6 +229,23 @@ class TransformersFamily(Family):
             return ()
         return tuple(name for name, _ in model.named_children() if name in CLASSIFIER_HEADS)
 
+    def init_fresh(self, model: nn.Module, names: list[str]) -> None:
+        """transformers' own initialisation of each owner module (its `_init_weights`), on a
+        stand-in holding whole tensors, from a generator seeded by the owner's name; each rank
+        keeps its shard of a DTensor."""
+        owners: dict[str, list[str]] = {}
+        for name in names:
+            owner, _, leaf = name.rpartition(".")
+            owners.setdefault(owner, []).append(leaf)
+        for owner, leaves in owners.items():
+            module = model.get_submodule(owner)
+            stand_in = _stand_in(module)
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                torch.manual_seed(FRESH_SEED + zlib.crc32(owner.encode()))
+                model._init_weights(stand_in)
+                for leaf in leaves:
+                    copy_whole(getattr(module, leaf), getattr(stand_in, leaf))
+
     def flops_per_token(self, model: nn.Module) -> Callable[[int], float]:
         return functools.partial(_flops_per_token, model)
 
@@ -249,6 +270,19 @@ class TransformersFamily(Family):
 
     def transformers_config(self, model: nn.Module) -> str:
         return model.config.to_json_string()
+
+
+def _stand_in(module: nn.Module) -> nn.Module:
+    """A module of `module`'s class holding whole float32 CPU tensors of its own parameters'
+    and buffers' shapes (a DTensor's: the global one), no children: what its initialisation
+    draws, on any strategy."""
+    twin = copy.copy(module)
+    twin._parameters = {k: None if p is None else nn.Parameter(torch.empty(p.shape))
+                        for k, p in module._parameters.items()}  # fmt: skip
+    twin._buffers = {k: None if b is None else torch.empty(b.shape, dtype=b.dtype)
+                     for k, b in module._buffers.items()}  # fmt: skip
+    twin._modules = {}
+    return twin
 
 
 def is_llama_shaped(model: nn.Module) -> bool:
