@@ -16,6 +16,7 @@ The multi-process runs go through this pytest worker's resident 2-rank world, on
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from dpt.config.build import build
 from dpt.errors import DptError
 from dpt.launch.launchers import resolved
 from dpt.models.lora import is_lora_key
+from dpt.state.results import HF_CONFIG_FILE
 from scripts.family_table import TRANSFORMERS
 from tests import hf_folders
 from tests.helpers import (
@@ -45,6 +47,7 @@ pytestmark = pytest.mark.slow  # runs, in process and on the resident world
 KINDS = tuple(kind for kind, auto in TRANSFORMERS.items() if auto == "AutoModelForCausalLM")
 CLASSIFIERS = tuple(kind for kind in TRANSFORMERS if kind not in KINDS)
 TEXT, IMAGES = "AutoModelForSequenceClassification", "AutoModelForImageClassification"
+DECODER = "llama-classifier"  # a causal LM's folder, trained as a sequence classifier
 STRATEGIES = ("ddp", "fsdp", "pipeline", "tensor_parallel")
 STEPS, BATCH = 4, 8
 SGD = ["optimizer=sgd", "optimizer.lr=0.05", "optimizer.momentum=0", "trainer.seed=1",
@@ -165,7 +168,7 @@ def test_the_export_gives_the_runs_logits_and_generate_answers(
 
 def _classifier_run(kind: str, folder: Path, data: Path, *extra: str) -> list[str]:
     reads = (["dataset=records", f"dataset.root={data}", "dataset.max_length=16"]
-             if TRANSFORMERS[kind] == TEXT else
+             if TRANSFORMERS.get(kind, TEXT) == TEXT else
              ["dataset=image_folder", f"dataset.root={data}", "dataset.image_size=32",
               "dataset.num_workers=0"])  # fmt: skip
     return ["model=hf", f"model.path={folder}", "task=classification", *reads, *SGD, *extra]
@@ -191,14 +194,31 @@ def classifiers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                hf_folders.image_classifier(out / kind, kind, labels=3)
                for kind in CLASSIFIERS}  # fmt: skip
     data = {kind: records if TRANSFORMERS[kind] == TEXT else images for kind in CLASSIFIERS}
+    # A causal LM's folder (its head lm_head, no pad token) as a sequence classifier: its head
+    # (score) fresh, the folder's lm_head left out, the data's pad id its own
+    folders[DECODER] = hf_folders.causal_lm(out / DECODER, "llama")
+    data[DECODER] = records
     runs = out / "runs"
-    for kind in CLASSIFIERS:
+    for kind in (*CLASSIFIERS, DECODER):
         one = _classifier_run(kind, folders[kind], data[kind], f"trainer.batch_size={BATCH}")
         run_config_here(resolved(compose(*one)), runs / kind / "single", hydra_config=True)
     run_world(2, [world_run(f"{kind}-{s}", runs / kind / s,
                             *_classifier_run(kind, folders[kind], data[kind], *ON_TWO[s]))
-                  for kind in CLASSIFIERS for s in ("ddp", "fsdp")])  # fmt: skip
+                  for kind in (*CLASSIFIERS, DECODER) for s in ("ddp", "fsdp")])  # fmt: skip
     return {"folders": folders, "runs": runs}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_causal_lm_folder_classifies_alike_under_each_strategy(
+    classifiers: dict[str, Any], strategy: str
+) -> None:
+    runs = classifiers["runs"] / DECODER
+    one = load_weights(runs / "single")
+    assert max_abs_diff(load_weights(runs / strategy), one) < 1e-5
+    assert "score.weight" in one and "lm_head.weight" not in one
+    kept = json.loads((runs / strategy / HF_CONFIG_FILE).read_text())
+    assert kept["pad_token_id"] == 0  # the data's: the sums tokenizer names no pad token
 
 
 @pytest.mark.timeout(600)

@@ -157,13 +157,15 @@ def build_parts(
         model = build_model(groups.model, data.input_shape, task.num_outputs, t.compile, task.kind)
     if shards_from is None:
         initial_weights(groups.model, model, task.num_outputs)
+    _pad_as_the_data(model, data, task.kind)
     finetuning.adapt(model, cfg.finetune)  # before the strategy: DDP sees what trains
     trainable = finetuning.trainable_text(model)  # the whole model (a pipeline stage: a part)
     task.check(output_shape(model, data.input_shape, input_dtype(data)))  # before any step
     throughput = token_throughput(task, model, t, env)
     # What each tensor is read from: named by the model before the strategy wraps it (FSDP2's
     # class of its own is not the one transformers knows the saved names of).
-    reads = sharded_reads(model, shards_from, task.num_outputs) if shards_from else {}
+    pretrained = groups.model.get(INIT_KEY) is None  # model.path's folder, not model.init_from
+    reads = sharded_reads(model, shards_from, task.num_outputs, pretrained) if shards_from else {}
     strategy.split_logits = task.loss_on_split_logits  # under tensor parallelism: left split
     strategy.sample_input = (tuple(data.input_shape), input_dtype(data))
     model = strategy.wrap(model if shards_from else model.to(env.device), env, t.precision)
@@ -294,6 +296,16 @@ def initial_weights(
         fitting(model, model_shapes(Path(source), key), key, num_outputs)
 
 
+def _pad_as_the_data(model: nn.Module, data: DataModule, kind: str) -> None:
+    """A classifier of texts that names no pad token takes the data's (its tokenizer's)."""
+    tokenizer = getattr(data, "tokenizer", None)
+    if tokenizer is None or kind == LANGUAGE_MODEL:
+        return
+    said = family_of(model).pads_with(model, tokenizer.pad_id())
+    if said:
+        once.warning(said)
+
+
 def _init_fresh(model: nn.Module, given: set[str]) -> None:
     """The trainable parameters that the weights did not give (a head of the task's size)
     drawn by the model's family from their names: the same under every strategy. LoRA's
@@ -314,11 +326,15 @@ def sharded_source(node: DictConfig, strategy: Strategy, env: DistEnv) -> Path |
     return safetensors_folder(node.get(INIT_KEY) or node.get("path"))
 
 
-def sharded_reads(model: nn.Module, folder: Path, num_outputs: int) -> dict[str, str]:
+def sharded_reads(
+    model: nn.Module, folder: Path, num_outputs: int, pretrained: bool = False
+) -> dict[str, str]:
     """Each of the meta model's tensors that the folder holds, with its name in the files: what
-    fits (a head of another size keeps its fresh initialisation), refused in one line else."""
+    fits (a head of another size keeps its fresh initialisation), refused in one line else.
+    `pretrained`: `model.path`'s folder, whose tensors the model lacks are left out (a causal
+    LM's head under a classifier), as from_pretrained leaves them on one process."""
     shapes = model_shapes(folder, f"model weights in {folder}")
-    usable = fitting(model, shapes, f"model weights in {folder}", num_outputs)
+    usable = fitting(model, shapes, f"model weights in {folder}", num_outputs, pretrained)
     stored = {name: key for key, name in family_of(model).names_in(model, list(shapes)).items()}
     return {name: stored.get(name, name) for name in usable}
 

@@ -66,7 +66,7 @@ def pretrained(
     model = _build(auto, hf_config, path, trust_remote_code)
     model.register_forward_hook(_logits)
     model.register_forward_pre_hook(_packed_inputs, with_kwargs=True)
-    if auto == SEQUENCE and getattr(hf_config, "pad_token_id", None) is not None:
+    if auto == SEQUENCE:  # where its config names a pad id (a run's data may give it one)
         model.register_forward_pre_hook(_padding_left_out, with_kwargs=True)
     model.block_size = block_size  # dpt-generate's context
     return model
@@ -253,11 +253,12 @@ def _padding_left_out(
 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     """A classifier's texts padded to one length (dataset=records): the padding (the model's
     pad id) left out of its attention, as transformers' tokenizers' attention_mask does."""
-    if not (args and isinstance(args[0], torch.Tensor) and args[0].dim() == 2):
+    pad = getattr(module.config, "pad_token_id", None)
+    if pad is None or not (args and isinstance(args[0], torch.Tensor) and args[0].dim() == 2):
         return None
     if "attention_mask" in kwargs:
         return None
-    mask = (args[0] != module.config.pad_token_id).long()
+    mask = (args[0] != pad).long()
     return args, {**kwargs, "attention_mask": mask}
 
 

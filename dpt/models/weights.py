@@ -94,7 +94,11 @@ def fit_state(
 
 
 def fitting(
-    model: nn.Module, state: dict[str, torch.Tensor], key: str, num_outputs: int
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    key: str,
+    num_outputs: int,
+    left_out: bool = False,
 ) -> dict[str, torch.Tensor]:
     """What of `state` loads into `model`, refused in one line unless every tensor of the
     model is there with its shape, but a classification head of another size (left fresh) and
@@ -110,7 +114,9 @@ def fitting(
     heads, tied = _head_keys(model, num_outputs), tied_twins(model)
     missing = [k for k in own if k not in usable and tied.get(k) not in usable
                and not _is_fresh_head(k, own, state, heads, num_outputs)]  # fmt: skip
-    unexpected = [k for k in state if k not in own]
+    # `left_out`: a pretrained folder's tensors the model lacks (a causal LM's head under a
+    # classifier) are left out, as transformers' from_pretrained leaves them
+    unexpected = [] if left_out else [k for k in state if k not in own]
     if missing or unexpected:
         both = "; " if missing and unexpected else ""
         raise DptError(f"{key}: its weights do not fit the model ({_first_few(missing, 'missing')}"

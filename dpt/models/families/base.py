@@ -92,6 +92,11 @@ class Family:
         (a rename only: the tensor as stored); {}: the same names."""
         return {}
 
+    def pads_with(self, model: nn.Module, pad_id: int) -> str | None:
+        """Tell a model of texts' token ids the id that pads them (the data's tokenizer's),
+        where it must know it and its config names none; what to say of it, or None."""
+        return None
+
     def init_fresh(self, model: nn.Module, names: list[str]) -> None:
         """Draw anew the parameters `names` that the weights did not give (a head of the task's
         size), each from its own name, the same under every strategy (fsdp's model is built on

@@ -229,6 +229,20 @@ class TransformersFamily(Family):
             return ()
         return tuple(name for name, _ in model.named_children() if name in CLASSIFIER_HEADS)
 
+    def pads_with(self, model: nn.Module, pad_id: int) -> str | None:
+        """A sequence classifier whose config names no pad token (a decoder's: Llama's folder)
+        cannot find each text's last token, nor leave the padding out of its attention: the
+        data's pad id becomes its own."""
+        config = model.config
+        if (
+            model.get_output_embeddings() is not None
+            or getattr(config, "pad_token_id", 0) is not None
+        ):
+            return None
+        config.pad_token_id = pad_id
+        return (f"{type(model).__name__}: its config names no pad token; the data pads texts "
+                f"with id {pad_id}, which it now takes as its own")  # fmt: skip
+
     def init_fresh(self, model: nn.Module, names: list[str]) -> None:
         """transformers' own initialisation of each owner module (its `_init_weights`), on a
         stand-in holding whole tensors, from a generator seeded by the owner's name; each rank
