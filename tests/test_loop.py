@@ -478,7 +478,10 @@ def test_a_slow_rank_shows_in_the_world_metrics_and_a_warning(tmp_path: Path) ->
     slowest = [e.value for e in acc.Scalars("world/work_s_max")]
     fastest = [e.value for e in acc.Scalars("world/work_s_min")]
     assert len(ratios) == 6 and min(ratios) > 1.25  # every window of 5 steps
-    assert min(slowest) >= 0.03 > max(fastest)  # the slow rank sleeps 30 ms per step
+    # The slow rank sleeps 30 ms per step: every window's slowest work holds it, above the
+    # fast rank's (whose own work a loaded machine stretches: 51 ms once, in CI)
+    assert min(slowest) >= 0.03
+    assert all(slow > fast for slow, fast in zip(slowest, fastest, strict=True))
 
 
 def test_a_logging_interval_as_long_as_the_run_is_said_once(
