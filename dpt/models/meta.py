@@ -12,23 +12,34 @@ from torch.func import functional_call
 
 
 def meta_forward(
-    model: nn.Module, batch: int, input_shape: tuple[int, ...], dtype: torch.dtype | None = None
+    model: nn.Module,
+    batch: int,
+    input_shape: tuple[int, ...],
+    dtype: torch.dtype | None = None,
+    training: bool = False,
+    tensors: dict[str, torch.Tensor] | None = None,
 ) -> Any:
     """The model's output for `batch` inputs of `input_shape` (and `dtype`: token ids are
     integers), as meta tensors, in eval mode (one sample: BatchNorm in training mode would want
-    more). Raises what the forward raises; NotImplementedError where an operation has no shape
-    inference."""
-    meta = {
-        key: torch.empty_like(tensor, device="meta")
-        for key, tensor in [*model.named_parameters(), *model.named_buffers()]
-    }
+    more), or in training mode; on `tensors` (`meta_tensors`: its parameters and buffers),
+    fresh ones where None. Raises what the forward raises; NotImplementedError where an
+    operation has no shape inference."""
+    tensors = meta_tensors(model) if tensors is None else tensors
     was_training = model.training
-    model.eval()
+    model.train(training)
     try:
         inputs = torch.empty(batch, *input_shape, device="meta", dtype=dtype)
-        return functional_call(model, meta, (inputs,))
+        return functional_call(model, tensors, (inputs,))
     finally:
         model.train(was_training)
+
+
+def meta_tensors(model: nn.Module, grad: bool = False) -> dict[str, torch.Tensor]:
+    """The model's parameters and buffers as meta tensors of their shapes; `grad`: each
+    parameter asking for a gradient where the model's does."""
+    params = {key: torch.empty_like(p, device="meta").requires_grad_(grad and p.requires_grad)
+              for key, p in model.named_parameters()}  # fmt: skip
+    return params | {key: torch.empty_like(b, device="meta") for key, b in model.named_buffers()}
 
 
 def output_shape(
@@ -52,19 +63,12 @@ def unused_parameters(
     """The trainable parameters that a training step's forward and backward leave without a
     gradient (a ViT's mask token, which only masked-image pretraining uses), found on the meta
     device; None where the meta forward cannot tell."""
-    params = {key: torch.empty_like(p, device="meta").requires_grad_(p.requires_grad)
-              for key, p in model.named_parameters()}  # fmt: skip
-    buffers = {key: torch.empty_like(b, device="meta") for key, b in model.named_buffers()}
-    was_training = model.training
-    model.train()
+    tensors = meta_tensors(model, grad=True)
     try:
-        inputs = torch.empty(2, *input_shape, device="meta", dtype=dtype)
-        output = functional_call(model, {**params, **buffers}, (inputs,))
+        output = meta_forward(model, 2, input_shape, dtype, training=True, tensors=tensors)
         if not isinstance(output, torch.Tensor) or not output.requires_grad:
             return None
         output.float().sum().backward()
     except Exception:  # anything the forward raises is the first step's to report
         return None
-    finally:
-        model.train(was_training)
-    return [key for key, p in params.items() if p.requires_grad and p.grad is None]
+    return [key for key, t in tensors.items() if t.requires_grad and t.grad is None]
