@@ -187,3 +187,17 @@ def is_dtensor(tensor: object) -> bool:
 def local_part(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of `tensor`: a DTensor's local shard, else the tensor itself."""
     return tensor.to_local() if is_dtensor(tensor) else tensor  # type: ignore[attr-defined]
+
+
+def copy_whole(parameter: torch.Tensor, full: torch.Tensor) -> None:
+    """`full` into `parameter`; a DTensor takes its own shard of it (every rank holds the
+    same `full`: nothing is sent)."""
+    if is_dtensor(parameter):
+        from torch.distributed.tensor import distribute_tensor
+
+        full = full.to(parameter.device, parameter.dtype)
+        mine = distribute_tensor(full, parameter.device_mesh, parameter.placements,
+                                 src_data_rank=None)  # fmt: skip
+        parameter.to_local().copy_(mine.to_local())
+    else:
+        parameter.copy_(full)

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from dpt.config.finetune import FinetuneConfig
+from dpt.distributed import local_part
 from dpt.models.freezing import freeze, trainable_count
 from dpt.models.lora import add_lora
 
@@ -40,10 +41,7 @@ def uses_lora(settings: FinetuneConfig) -> bool:
 def on_this_rank(model: nn.Module, degree: int) -> str:
     """`; 19,205 of them on this rank (strategy.tensor_parallel=2)`: the trainable parameters'
     elements a rank holds, its slices of the split layers and its copy of the others."""
-    from torch.distributed.tensor import DTensor
-
-    held = sum((p.to_local() if isinstance(p, DTensor) else p).numel()
-               for p in model.parameters() if p.requires_grad)  # fmt: skip
+    held = sum(local_part(p).numel() for p in model.parameters() if p.requires_grad)
     return f"; {held:,} of them on this rank (strategy.tensor_parallel={degree})"
 
 

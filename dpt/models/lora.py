@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from dpt.distributed import copy_whole, local_part
 from dpt.errors import DptError
-from dpt.models.families.base import copy_whole
 
 A, B, DROPOUT, SCALING = "lora_A", "lora_B", "lora_dropout", "lora_scaling"
 SEED = 0x10A  # the adapters' init, with each layer's name: the same on every rank and run
@@ -176,13 +176,7 @@ def _init_adapter(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
     full = torch.empty(a.shape, dtype=torch.float32)
     nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=generator)  # peft's lora_A
     copy_whole(a, full)
-    _local(b).zero_()
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    local_part(b).zero_()
 
 
 def is_lora_key(key: str) -> bool:

@@ -167,17 +167,3 @@ def inner(block: nn.Module) -> nn.Module:
 def sequential_units(model: nn.Sequential) -> list[Unit]:
     """An `nn.Sequential`'s units: its children."""
     return [Unit(name, (name,), child(name)) for name, _ in model.named_children()]
-
-
-def copy_whole(parameter: torch.Tensor, full: torch.Tensor) -> None:
-    """`full` into `parameter`; a DTensor takes its own shard of it (every rank holds the
-    same `full`: nothing is sent)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if isinstance(parameter, DTensor):
-        full = full.to(parameter.device, parameter.dtype)
-        mine = distribute_tensor(full, parameter.device_mesh, parameter.placements,
-                                 src_data_rank=None)  # fmt: skip
-        parameter.to_local().copy_(mine.to_local())
-    else:
-        parameter.copy_(full)

@@ -20,11 +20,11 @@ import torch
 from torch import nn
 
 from dpt.config.tasks import BINARY, CLASSIFICATION, LANGUAGE_MODEL, MULTILABEL, REGRESSION
+from dpt.distributed import copy_whole
 from dpt.models.families.base import (
     Family,
     Plan,
     Unit,
-    copy_whole,
     inner,
     is_conv1d,
     loaded_instance,
