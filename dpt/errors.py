@@ -111,6 +111,12 @@ def one_line(error: BaseException) -> str:
     return " ".join(kept).split(" provider=")[0]
 
 
+def some_of(names: list[str], shown: int) -> str:
+    """`a, b, c and 4 more`: the first `shown` names, so that a line stays one line."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def clipped(text: str, limit: int = 300) -> str:
     """`text` within `limit` characters, cut after a whole sentence (or at a space): never
     inside a word or a link."""

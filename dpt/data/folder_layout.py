@@ -14,7 +14,7 @@ from typing import Literal
 from PIL import Image
 
 from dpt.data.splits import SPLITS, TEST, TRAIN, VAL
-from dpt.errors import ConfigError
+from dpt.errors import ConfigError, some_of
 
 # registered_extensions() loads PIL's plugins, which fill Image.OPEN: it must come first. PIL
 # writes PDF and Palm files but cannot read them; MPO (multi-picture JPEG) has no opener of its
@@ -242,19 +242,18 @@ def _check_same_classes(
     missing = sorted(set(train) - set(val))
     problems = []
     if extra:
-        problems.append(f"{val_dir} has classes that {train_dir} lacks: {_names(extra)}")
+        problems.append(
+            f"{val_dir} has classes that {train_dir} lacks: {some_of(extra, _MAX_NAMES)}"
+        )
     if missing:
-        problems.append(f"{val_dir} lacks classes that {train_dir} has: {_names(missing)}")
+        problems.append(
+            f"{val_dir} lacks classes that {train_dir} has: {some_of(missing, _MAX_NAMES)}"
+        )
     if problems:
         split = os.path.basename(val_dir)
         raise _layout_error(
             root, "; ".join(problems) + f" ({split}/ must have the same class folders as train/)"
         )
-
-
-def _names(names: list[str]) -> str:
-    shown = ", ".join(names[:_MAX_NAMES])
-    return shown if len(names) <= _MAX_NAMES else f"{shown} and {len(names) - _MAX_NAMES} more"
 
 
 def _expected(split_dir: str) -> str:

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dpt.config.strategies import COMM_HOOK_NAMES, REDUCE_DTYPES
 from dpt.distributed import DistEnv, is_dtensor
-from dpt.errors import DptError
+from dpt.errors import DptError, some_of
 from dpt.loop.mesh import Degrees
 from dpt.loop.replica_mean import ReplicaMean
 from dpt.models.blocks import blocks
@@ -234,11 +234,9 @@ class DDP(Strategy):
             return
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, unused)
         if env.is_main:
-            shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4
-                                             else "")  # fmt: skip
             them = "it" if len(unused) == 1 else "them"
-            log.warning(f"strategy=ddp: the model's forward leaves {shown} without a gradient "
-                        f"(as under any strategy): DDP leaves {them} out of its "
+            log.warning(f"strategy=ddp: the model's forward leaves {some_of(unused, 4)} without "
+                        f"a gradient (as under any strategy): DDP leaves {them} out of its "
                         "buckets")  # fmt: skip
 
     def sync_gradients(self, model: nn.Module) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dpt.errors import DptError
+from dpt.errors import DptError, some_of
 from dpt.models.gpt import FUSED_QKV, GPT, QKV, split_fused_qkv
 
 # GPT-2's Conv1D modules and dpt's nn.Linear in their place; the weights of these are transposed.
@@ -160,7 +160,7 @@ def _check_keys(out: dict[str, Tensor], own: dict[str, Tensor], model: GPT) -> N
     if not missing and not unexpected:
         return
     found = (("missing", missing), ("unexpected", unexpected))
-    parts = [f"{word} {_first(keys)}" for word, keys in found if keys]
+    parts = [f"{word} {some_of(keys, _SHOWN)}" for word, keys in found if keys]
     raise DptError(f"GPT-2 weights do not fit model=gpt: {'; '.join(parts)} ({_why(out, model)})")
 
 
@@ -173,11 +173,6 @@ def _check_shapes(out: dict[str, Tensor], own: dict[str, Tensor], model: GPT) ->
                 f"GPT-2 weights do not fit model=gpt: {key} is {tuple(theirs.shape)} in the file, "
                 f"{tuple(mine.shape)} in the model (model.n_embd={model.n_embd})"
             )
-
-
-def _first(keys: list[str]) -> str:
-    shown = ", ".join(keys[:_SHOWN])
-    return f"{shown} and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else shown
 
 
 def _why(out: dict[str, Tensor], model: GPT) -> str:

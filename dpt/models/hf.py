@@ -26,12 +26,13 @@ from torch import nn
 
 from dpt.config.models import HF_CONFIG, check_model_folder
 from dpt.config.tasks import CUSTOM, LANGUAGE_MODEL, TASKS
-from dpt.errors import DptError, torch_load_reason
+from dpt.errors import DptError, some_of, torch_load_reason
 from dpt.loggers import ONCE_LOGGER_NAME
 from dpt.models import packed
 
 once = logging.getLogger(ONCE_LOGGER_NAME)  # what every rank says alike: rank 0 says it
 
+SHOWN = 4  # tensors named in a line of what did not load as it is
 EXAMPLE_TYPES = "e.g. llama, gpt2, bert, vit"  # transformers' model types, for a hint
 REMOTE_CODE_KEY = "auto_map"  # a config.json key naming the folder's own Python classes
 # transformers' refusal of SDPA for a model whose attention it cannot express (soft-capping)
@@ -211,25 +212,20 @@ def loading_lines(path: str, info: dict[str, Any]) -> list[str]:
                 sorted(info.get("mismatched_keys", ()))]  # fmt: skip
     if reshaped:
         lines.append(f"model.path={path}: {_count(reshaped)} start fresh, of another shape in "
-                     f"the folder than the task's model: {_listed(reshaped)}")  # fmt: skip
+                     f"the folder than the task's model: {some_of(reshaped, SHOWN)}")  # fmt: skip
     missing = sorted(info.get("missing_keys", ()))
     if missing:
         lines.append(f"model.path={path}: {_count(missing)} start fresh, not in the folder: "
-                     f"{_listed(missing)}")  # fmt: skip
+                     f"{some_of(missing, SHOWN)}")  # fmt: skip
     unused = sorted(info.get("unexpected_keys", ()))
     if unused:
         lines.append(f"model.path={path}: {_count(unused)} of the folder not in the model, "
-                     f"left out: {_listed(unused)}")  # fmt: skip
+                     f"left out: {some_of(unused, SHOWN)}")  # fmt: skip
     return lines
 
 
 def _count(names: list[str]) -> str:
     return "1 tensor" if len(names) == 1 else f"{len(names)} tensors"
-
-
-def _listed(names: list[str], shown: int = 4) -> str:
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown
-                                       else "")  # fmt: skip
 
 
 def _on_meta() -> bool:

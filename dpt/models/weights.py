@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpt.errors import DptError, torch_load_reason
+from dpt.errors import DptError, some_of, torch_load_reason
 from dpt.models.lora import is_lora_key
 
 
@@ -133,7 +133,4 @@ def tied_twins(model: nn.Module) -> dict[str, str]:
 
 
 def _first_few(keys: list[str], what: str, shown: int = 3) -> str:
-    if not keys:
-        return ""
-    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
-    return f"{what}: {', '.join(keys[:shown])}{more}"
+    return f"{what}: {some_of(keys, shown)}" if keys else ""
