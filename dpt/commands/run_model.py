@@ -301,11 +301,11 @@ def run_lora(cfg: Any) -> RunLora | None:
         dropout=float(lora.get("dropout", 0.0)),
         targets=[str(t) for t in lora.get("targets", [])],
         base=None if base is None else str(base),
-        modules_to_save=_saved_whole(lora),
+        modules_to_save=_modules_to_save(lora),
     )
 
 
-def _saved_whole(lora: Any) -> list[str] | None:
+def _modules_to_save(lora: Any) -> list[str] | None:
     """The run's `finetune.lora.modules_to_save`: a run of before it trained its adapters alone
     (an empty list)."""
     if "modules_to_save" not in lora:
